@@ -1,0 +1,44 @@
+# The two commands of the README:
+#   make demo   set up .venv and run the main job on a synthetic JPEG set made on the spot
+#   make test   set up .venv with the test extras (and redis-server) and run the test suite
+# Both work on a fresh clone; CI (.ci/run) calls `make test`.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# A torch that real GPU users satisfy is in pyproject; when no torch is installed yet, the
+# CPU build (2.13.0, on this machine's disk) keeps set-up fast for the demo and for CI.
+TORCH_BOOTSTRAP ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: demo test setup setup-test system-deps clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+setup: $(VENV)/bin/python
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet "$(TORCH_BOOTSTRAP)"
+	$(PIP) install --quiet -e .
+
+setup-test: $(VENV)/bin/python system-deps
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet "$(TORCH_BOOTSTRAP)"
+	$(PIP) install --quiet -e ".[test]"
+
+# Debian packages the tests drive for real: redis-server (shared cache tier) and fio
+# (the storage benchmark's reference). Installed only when missing.
+system-deps:
+	@command -v redis-server >/dev/null && command -v fio >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server fio >/dev/null; }
+
+demo: setup
+	$(PY) benchmarks/loader_throughput.py
+
+test: setup-test
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .fastload-data build *.egg-info

@@ -1,0 +1,41 @@
+"""The ``fastload`` command: a thin layer over library calls.
+
+Results go to stdout, progress and logs to stderr; ``--json`` where a command has results.
+``python -m fastload`` is the same command.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+import fastload
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(fastload.__version__, prog_name="fastload")
+@click.option("-v", "--verbose", count=True, help="More logging on stderr (-v info, -vv debug).")
+def cli(verbose: int) -> None:
+    """fastload: keep GPUs fed. Measure storage, warm caches, find input bottlenecks."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    try:
+        cli.main(args=argv, prog_name="fastload", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return 2 if isinstance(exc, click.UsageError) else exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except fastload.FastloadError as exc:
+        click.echo(f"fastload: error: {exc}", err=True)
+        return 2
+    return 0

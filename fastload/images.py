@@ -1,0 +1,208 @@
+"""``ImageFolder``: a declared image dataset over any fsspec URL.
+
+The dataset is *declared*: its files, labels and :class:`~fastload.pipeline.ImagePipeline`
+are data, so fastload can run it on torch workers (Pillow) or compile it to DALI, and can
+use worker processes for it safely (see NOTE [auto never changes the batches]).
+
+Example::
+
+    >>> from fastload import DataLoader, ImageFolder
+    >>> ds = ImageFolder("s3://bucket/imagenet/train", size=224, train=True)
+    >>> ds.classes[:2], len(ds)
+    (['n01440764', 'n01443537'], 1281167)
+    >>> image, label = ds[0]          # uint8 (3, 224, 224), int
+    >>> loader = DataLoader(ds, batch_size=256, shuffle=True)
+
+Layout: ``root/<class name>/<file>``, any depth below the class folder, like torchvision's
+``ImageFolder``; classes are the sorted folder names, labels their positions. An explicit
+list of ``(path, label)`` pairs works too: ``ImageFolder([("a.jpg", 0), ("b.jpg", 1)])``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, Literal
+
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch.utils.data import Dataset
+
+from fastload import batchinfo
+from fastload.errors import (
+    ConfigError,
+    CorruptSampleError,
+    EmptyDatasetError,
+    ObjectNotFoundError,
+    SampleError,
+)
+from fastload.pipeline import ImagePipeline, Normalize
+from fastload.sampling import mix_seed
+from fastload.storage import Storage
+
+logger = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+OnError = Literal["raise", "skip"]
+
+# Pillow's own decode errors; anything else (a bug, MemoryError) propagates unchanged.
+_DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+
+class ImageFolder(Dataset):
+    """Images below ``root`` (class-per-folder), or an explicit list of ``(path, label)``.
+
+    Args:
+        root: an fsspec URL or local path of the class folders, or a list of (path, label).
+        size: output (h, w) in pixels, or one int for square images.
+        train: True = random-resized-crop + horizontal flip; False = resize + center crop.
+        normalize: True for ImageNet mean/std, a :class:`Normalize`, or False for uint8.
+            On a loader with ``device=`` set it runs on that device, batched.
+        pipeline: a full :class:`ImagePipeline`, instead of ``size/train/normalize``.
+        cache: where bytes are cached (``None`` reads the origin every time).
+        on_error: "raise" (default) fails on a corrupt or missing image, naming the file and
+            index; "skip" drops it from its batch, counts it and reports it at the epoch end.
+        seed: seed of the random augmentations; None follows ``torch.manual_seed``.
+        extensions: file endings that count as images (case-insensitive).
+        storage_options: passed to fsspec (credentials, endpoint, ...).
+    """
+
+    fastload_worker_safe = True  # see NOTE [auto never changes the batches]
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | Sequence[tuple[str, int]],
+        *,
+        size: int | tuple[int, int] = 224,
+        train: bool = False,
+        normalize: bool | Normalize = False,
+        pipeline: ImagePipeline | None = None,
+        cache: Any = None,
+        on_error: OnError = "raise",
+        seed: int | None = None,
+        extensions: Sequence[str] = IMAGE_EXTENSIONS,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.pipeline = pipeline or ImagePipeline.standard(size, train=train, normalize=normalize)
+        self.on_error: OnError = on_error
+        self.seed = seed
+        self.extensions = tuple(e.lower() for e in extensions)
+        if isinstance(root, (str, os.PathLike)):
+            self.storage = self._open_storage(os.fspath(root), storage_options, cache)
+            self.samples, self.classes = self._scan()
+        else:
+            self.storage = self._open_storage("/", storage_options, cache)
+            self.samples = [(str(p), int(label)) for p, label in root]
+            if not self.samples:
+                raise EmptyDatasetError("ImageFolder got an empty list of (path, label) samples")
+            self.classes = [str(i) for i in range(max(label for _, label in self.samples) + 1)]
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        self.targets = [label for _, label in self.samples]
+
+    @staticmethod
+    def _open_storage(url: str, storage_options: dict[str, Any] | None, cache: Any) -> Storage:
+        if cache is not None:
+            raise ConfigError(
+                "ImageFolder(cache=...) needs the cache layer, which this build does not have; "
+                "pass cache=None"
+            )
+        return Storage(url, storage_options)
+
+    @property
+    def root(self) -> str:
+        return self.storage.url
+
+    def _scan(self) -> tuple[list[tuple[str, int]], list[str]]:
+        base = self.storage.root.rstrip("/")
+        by_class: dict[str, list[str]] = {}
+        for path in self.storage.find():
+            rel = path[len(base) :].lstrip("/")
+            if "/" not in rel or not rel.lower().endswith(self.extensions):
+                continue
+            by_class.setdefault(rel.split("/", 1)[0], []).append(path)
+        if not by_class:
+            raise EmptyDatasetError(
+                f"no images found in {self.storage.url}: expected <root>/<class>/<image> with "
+                f"one of {', '.join(self.extensions)}"
+            )
+        classes = sorted(by_class)
+        samples = [(p, label) for label, c in enumerate(classes) for p in sorted(by_class[c])]
+        return samples, classes
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __repr__(self) -> str:
+        return (
+            f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes, "
+            f"steps={[type(s).__name__ for s in self.pipeline.steps]}, on_error={self.on_error!r})"
+        )
+
+    def with_pipeline(self, pipeline: ImagePipeline) -> ImageFolder:
+        """A copy over the same files with another pipeline (used to move steps to a device)."""
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone.pipeline = pipeline
+        return clone
+
+    def sample_seed(self, index: int) -> int:
+        """Seed of a sample's augmentation: from its SampleIndex, else from ``seed`` or torch."""
+        seed = getattr(index, "seed", None)
+        if seed is not None:
+            return seed
+        if self.seed is not None:
+            return mix_seed(self.seed, int(index))
+        return int(torch.randint(0, 2**62, (1,)).item())
+
+    def load(self, index: int) -> tuple[torch.Tensor, int]:
+        """Read and transform one sample; errors name the file and the index."""
+        path, label = self.samples[index]
+        start = time.perf_counter()
+        try:
+            data = self.storage.read(path)
+        except ObjectNotFoundError as exc:
+            raise ObjectNotFoundError(
+                f"image {self.storage.to_url(path)} (index {int(index)}) is missing: {exc}"
+            ) from exc
+        fetched = time.perf_counter()
+        try:
+            image = self.pipeline.run(data, self.sample_seed(index))
+        except _DECODE_ERRORS as exc:
+            raise CorruptSampleError(
+                f"cannot decode image {self.storage.to_url(path)} (index {int(index)}): {exc}. "
+                "Replace or remove the file, or pass on_error='skip' to skip and count it.",
+                index=int(index),
+                path=path,
+            ) from exc
+        batchinfo.record(fetched - start, time.perf_counter() - fetched, 1)
+        return image, label
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.load(index)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, int]]:
+        """A batch's samples; under ``on_error="skip"`` failed ones are left out and recorded."""
+        if self.on_error == "raise":
+            return [self.load(i) for i in indices]
+        out = []
+        for i in indices:
+            try:
+                out.append(self.load(i))
+            except (SampleError, ObjectNotFoundError) as exc:
+                path = getattr(exc, "path", None) or self.samples[i][0]
+                batchinfo.record_skip(batchinfo.Skipped(int(i), path, str(exc)))
+                logger.debug("skipped sample %d (%s): %s", int(i), path, exc)
+        return out
+
+    def without_normalize(self) -> tuple[ImageFolder, Normalize | None]:
+        """This dataset emitting uint8 images, and the Normalize step it dropped, if any."""
+        norm = self.pipeline.normalize
+        if norm is None:
+            return self, None
+        return self.with_pipeline(replace(self.pipeline).without_normalize()), norm

@@ -1,0 +1,240 @@
+"""The declared image pipeline: steps as data, and their Pillow implementation.
+
+A pipeline is a frozen dataclass of steps, so any engine can run it: the torch engine runs
+it here with Pillow inside worker processes; the DALI engine compiles the same steps into a
+DALI graph. Both produce the same shape, dtype, layout and labels.
+
+Example::
+
+    >>> p = ImagePipeline.standard(size=224, train=False, normalize=True)
+    >>> [type(s).__name__ for s in p.steps]
+    ['Resize', 'CenterCrop', 'Normalize']
+    >>> image = p.run(jpeg_bytes, seed=0)          # torch.float32, (3, 224, 224)
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal, Union
+
+import numpy as np
+import torch
+from PIL import Image
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+EVAL_RESIZE_RATIO = 0.875  # the classic 256 -> 224 resize before the center crop
+
+Size = tuple[int, int]  # (height, width), pixels
+
+
+def as_size(size: int | Sequence[int]) -> Size:
+    """``224`` or ``(h, w)`` as an ``(h, w)`` tuple of positive ints."""
+    if isinstance(size, int):
+        h = w = size
+    else:
+        h, w = (int(v) for v in size)
+    if h <= 0 or w <= 0:
+        raise ValueError(f"size must be positive pixels, got {size!r}")
+    return h, w
+
+
+@dataclass(frozen=True)
+class Resize:
+    """Scale so the shorter side is ``shorter`` pixels, keeping the aspect ratio."""
+
+    shorter: int
+
+
+@dataclass(frozen=True)
+class CenterCrop:
+    """Cut the central ``size`` (h, w) pixels."""
+
+    size: Size
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop:
+    """Crop a random area fraction in ``scale`` with aspect ratio in ``ratio``, then resize."""
+
+    size: Size
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+
+
+@dataclass(frozen=True)
+class HorizontalFlip:
+    """Mirror left-right with probability ``p``."""
+
+    p: float = 0.5
+
+
+@dataclass(frozen=True)
+class Normalize:
+    """``(x / 255 - mean) / std`` per channel, output float32. Runs on the device if one is set."""
+
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+
+    def apply(self, images: torch.Tensor, channel_dim: int) -> torch.Tensor:
+        """Normalize a uint8 image or batch whose channels lie on ``channel_dim``."""
+        shape = [1] * images.dim()
+        shape[channel_dim] = 3
+        mean = torch.tensor(self.mean, device=images.device).view(shape) * 255.0
+        inv_std = (1.0 / (torch.tensor(self.std, device=images.device) * 255.0)).view(shape)
+        return (images.float() - mean) * inv_std
+
+
+Step = Union[Resize, CenterCrop, RandomResizedCrop, HorizontalFlip, Normalize]
+
+
+@dataclass(frozen=True)
+class ImagePipeline:
+    """Decode, then ``steps`` in order, then a tensor in ``layout`` (uint8 unless normalized).
+
+    Images of any mode (grayscale, palette, CMYK, RGBA) come out as 3-channel RGB.
+    """
+
+    steps: tuple[Step, ...] = field(default_factory=tuple)
+    layout: Literal["CHW", "HWC"] = "CHW"
+
+    @classmethod
+    def standard(
+        cls,
+        size: int | Sequence[int] = 224,
+        *,
+        train: bool = False,
+        normalize: bool | Normalize = False,
+        layout: Literal["CHW", "HWC"] = "CHW",
+    ) -> ImagePipeline:
+        """The ImageNet recipe: train = random-resized-crop + flip; eval = resize + center crop."""
+        hw = as_size(size)
+        if train:
+            steps: list[Step] = [RandomResizedCrop(hw), HorizontalFlip()]
+        else:
+            shorter = int(round(min(hw) / EVAL_RESIZE_RATIO))
+            steps = [Resize(shorter), CenterCrop(hw)]
+        if normalize:
+            steps.append(normalize if isinstance(normalize, Normalize) else Normalize())
+        if layout not in ("CHW", "HWC"):
+            raise ValueError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
+        return cls(tuple(steps), layout)
+
+    @property
+    def normalize(self) -> Normalize | None:
+        return next((s for s in self.steps if isinstance(s, Normalize)), None)
+
+    @property
+    def is_random(self) -> bool:
+        return any(isinstance(s, (RandomResizedCrop, HorizontalFlip)) for s in self.steps)
+
+    @property
+    def output_size(self) -> Size | None:
+        """(h, w) of every output image, or None if images keep their own sizes."""
+        size = None
+        for s in self.steps:
+            if isinstance(s, (CenterCrop, RandomResizedCrop)):
+                size = s.size
+            elif isinstance(s, Resize):
+                size = None
+        return size
+
+    @property
+    def channel_dim(self) -> int:
+        """Index of the channel axis in one image (add 1 for a batch)."""
+        return 0 if self.layout == "CHW" else 2
+
+    def without_normalize(self) -> ImagePipeline:
+        return replace(self, steps=tuple(s for s in self.steps if not isinstance(s, Normalize)))
+
+    def run(self, data: bytes, seed: int | None = None) -> torch.Tensor:
+        """Decode ``data`` and apply every step; ``seed`` fixes the random steps."""
+        rng = random.Random(seed)
+        with Image.open(io.BytesIO(data)) as img:
+            img = self._decode(img, rng)
+        tensor = torch.from_numpy(np.array(img))  # a writable (h, w, 3) copy of Pillow's buffer
+        if self.layout == "CHW":
+            tensor = tensor.permute(2, 0, 1)
+        tensor = tensor.contiguous()
+        norm = self.normalize
+        return norm.apply(tensor, self.channel_dim) if norm is not None else tensor
+
+    def _decode(self, img: Image.Image, rng: random.Random) -> Image.Image:
+        """Geometry first on the header, so JPEG draft mode can decode at reduced scale."""
+        width, height = img.size
+        box = (0.0, 0.0, float(width), float(height))  # region of the original, in pixels
+        out_w, out_h = width, height
+        flip = False
+        for step in self.steps:
+            if isinstance(step, Resize):
+                bw, bh = box[2] - box[0], box[3] - box[1]
+                scale = step.shorter / min(bw, bh)
+                out_w, out_h = max(1, round(bw * scale)), max(1, round(bh * scale))
+            elif isinstance(step, CenterCrop):
+                box, out_w, out_h = _center_crop(box, out_w, out_h, step.size)
+            elif isinstance(step, RandomResizedCrop):
+                box = _random_crop_box(box, step, rng)
+                out_h, out_w = step.size
+            elif isinstance(step, HorizontalFlip):
+                flip = flip ^ (rng.random() < step.p)
+        # Draft: let libjpeg decode at 1/2, 1/4 or 1/8 scale if the crop stays >= output size.
+        bw, bh = box[2] - box[0], box[3] - box[1]
+        if img.format == "JPEG" and (bw > 2 * out_w and bh > 2 * out_h):
+            want = (math.ceil(width * out_w / bw), math.ceil(height * out_h / bh))
+            img.draft("RGB", want)
+            fx, fy = img.size[0] / width, img.size[1] / height
+            box = (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy)
+        if img.mode != "RGB":
+            img = _to_rgb(img)
+        img = img.resize((out_w, out_h), Image.BILINEAR, box=box)
+        if flip:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        return img
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+    return img.convert("RGB")
+
+
+def _center_crop(
+    box: tuple[float, float, float, float], out_w: int, out_h: int, size: Size
+) -> tuple[tuple[float, float, float, float], int, int]:
+    """Crop the centre ``size`` of an (out_w x out_h) view of ``box``; returns the new box."""
+    ch, cw = min(size[0], out_h), min(size[1], out_w)
+    sx, sy = (box[2] - box[0]) / out_w, (box[3] - box[1]) / out_h
+    left = box[0] + (out_w - cw) / 2 * sx
+    top = box[1] + (out_h - ch) / 2 * sy
+    return (left, top, left + cw * sx, top + ch * sy), cw, ch
+
+
+def _random_crop_box(
+    box: tuple[float, float, float, float], step: RandomResizedCrop, rng: random.Random
+) -> tuple[float, float, float, float]:
+    """torchvision's RandomResizedCrop parameters: 10 tries, then a centre crop fallback."""
+    width, height = box[2] - box[0], box[3] - box[1]
+    area = width * height
+    log_ratio = (math.log(step.ratio[0]), math.log(step.ratio[1]))
+    for _ in range(10):
+        target_area = area * rng.uniform(*step.scale)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w = round(math.sqrt(target_area * aspect))
+        h = round(math.sqrt(target_area / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            x = rng.randint(0, int(width - w))
+            y = rng.randint(0, int(height - h))
+            return (box[0] + x, box[1] + y, box[0] + x + w, box[1] + y + h)
+    in_ratio = width / height
+    if in_ratio < step.ratio[0]:
+        w, h = width, round(width / step.ratio[0])
+    elif in_ratio > step.ratio[1]:
+        h, w = height, round(height * step.ratio[1])
+    else:
+        w, h = width, height
+    x, y = (width - w) / 2, (height - h) / 2
+    return (box[0] + x, box[1] + y, box[0] + x + w, box[1] + y + h)

@@ -1,0 +1,333 @@
+"""Loader settings resolved from the machine: workers, pinned memory, prefetch, persistence.
+
+A user who leaves ``num_workers``, ``pin_memory``, ``prefetch_factor`` or
+``persistent_workers`` unset on :class:`fastload.DataLoader` gets the value chosen here, with
+the reason::
+
+    >>> loader = fastload.DataLoader(dataset, batch_size=256)
+    >>> print(loader.settings)
+    num_workers=8         auto         8 workers: min(8 per GPU, 15 of 16 usable cores / 1 rank) ...
+    pin_memory=True       auto         a CUDA device is present ...
+
+Precedence, resolved once when the loader is built: an explicit argument, then a
+``FASTLOAD_<NAME>`` environment variable (``FASTLOAD_NUM_WORKERS=4``), then "auto".
+
+NOTE [auto never changes the batches]
+"auto" may only pick what cannot change what a training loop receives. Worker processes
+change results for datasets that draw random numbers from the main process's generator,
+mutate themselves, return samples that cannot be pickled, create CUDA tensors or are not
+safe to fork; persistent workers change results for datasets that change between epochs.
+fastload cannot inspect arbitrary Python for that, so it only uses workers for datasets that
+are *declared* safe: fastload's own datasets (``ImageFolder``), or any dataset whose class
+sets ``fastload_worker_safe = True``. For an ``IterableDataset`` the flag also promises that
+it splits its stream between workers (with ``torch.utils.data.get_worker_info()``), since
+otherwise each worker would yield every sample. Any other dataset keeps torch's defaults,
+and the loader logs one warning per dataset type saying how to opt in.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+import torch
+from torch.utils.data import ChainDataset, ConcatDataset, Dataset, IterableDataset, Subset
+
+from fastload.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+AUTO: Literal["auto"] = "auto"
+"""The default of every tunable loader argument: let fastload choose and explain why."""
+
+WORKER_SAFE_ATTR = "fastload_worker_safe"
+"""Class attribute by which a dataset declares that worker processes cannot change its samples."""
+
+WORKERS_PER_GPU = 8
+"""Upper end of the common 4-8 workers per GPU rule; beyond it returns diminish."""
+
+MAX_WORKERS_WITHOUT_GPU = 16
+
+T = TypeVar("T")
+Source = Literal["argument", "environment", "auto"]
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the settings are resolved from: cores this process may use, GPUs, ranks per node.
+
+    ``Machine.probe()`` reads the running machine; tests and capacity planning build one by
+    hand: ``Machine(cpu_cores=64, gpus=8, local_world_size=8)``.
+    """
+
+    cpu_cores: int
+    gpus: int
+    local_world_size: int = 1
+
+    @classmethod
+    def probe(cls) -> Machine:
+        return cls(
+            cpu_cores=usable_cpu_cores(),
+            gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+            local_world_size=local_world_size(),
+        )
+
+    @property
+    def cores_per_rank(self) -> int:
+        return max(1, self.cpu_cores // max(1, self.local_world_size))
+
+
+def usable_cpu_cores() -> int:
+    """CPU cores this process may run on: its affinity mask, capped by a cgroup CPU quota."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        cores = min(cores, max(1, math.floor(quota)))
+    return max(1, cores)
+
+
+def _cgroup_cpu_quota() -> float | None:
+    """The container's CPU limit in cores (cgroup v2 ``cpu.max`` or v1 cfs quota), if any."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
+            quota_us = int(f.read())
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
+            period_us = int(f.read())
+        return None if quota_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
+def local_world_size() -> int:
+    """Ranks sharing this node: torchrun's LOCAL_WORLD_SIZE, else 1."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+@dataclass(frozen=True)
+class Setting(Generic[T]):
+    """One resolved value, where it came from, and why."""
+
+    value: T
+    source: Source
+    reason: str
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """The resolved tunables of one loader. ``print(loader.settings)`` shows a table."""
+
+    num_workers: Setting[int]
+    pin_memory: Setting[bool]
+    prefetch_factor: Setting[int | None]
+    persistent_workers: Setting[bool]
+    machine: Machine = field(repr=False)
+
+    def items(self) -> list[tuple[str, Setting[Any]]]:
+        return [
+            ("num_workers", self.num_workers),
+            ("pin_memory", self.pin_memory),
+            ("prefetch_factor", self.prefetch_factor),
+            ("persistent_workers", self.persistent_workers),
+        ]
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values, e.g. to log or to build a stock torch DataLoader with the same knobs."""
+        return {name: s.value for name, s in self.items()}
+
+    def __str__(self) -> str:
+        rows = [f"{f'{name}={s.value}':<24} {s.source:<11} {s.reason}" for name, s in self.items()]
+        m = self.machine
+        rows.append(
+            f"machine: {m.cpu_cores} usable CPU cores, {m.gpus} CUDA GPUs, "
+            f"{m.local_world_size} rank(s) on this node"
+        )
+        return "\n".join(rows)
+
+
+@dataclass(frozen=True)
+class WorkerSafety:
+    """Whether worker processes provably cannot change a dataset's samples (``safe``), why,
+    and whether that is known (``known=False``: fastload cannot tell, and warns once)."""
+
+    safe: bool
+    reason: str
+    known: bool = True
+
+
+def worker_safety(dataset: Dataset) -> WorkerSafety:
+    """Decide NOTE [auto never changes the batches] for one dataset."""
+    declared = getattr(dataset, WORKER_SAFE_ATTR, None)
+    if declared is not None:
+        return WorkerSafety(bool(declared), f"{type(dataset).__name__} declares {WORKER_SAFE_ATTR}={bool(declared)}")
+    if isinstance(dataset, Subset):
+        return worker_safety(dataset.dataset)
+    if isinstance(dataset, (ConcatDataset, ChainDataset)):
+        verdicts = [worker_safety(d) for d in dataset.datasets]
+        unsafe = next((v for v in verdicts if not v.safe), None)
+        return unsafe or WorkerSafety(True, "every part of the concatenation is declared worker-safe")
+    if isinstance(dataset, torch.utils.data.TensorDataset):
+        return WorkerSafety(False, "TensorDataset is already in memory: workers would only add IPC cost")
+    kind = "IterableDataset" if isinstance(dataset, IterableDataset) else "dataset"
+    return WorkerSafety(
+        False,
+        f"{kind} {type(dataset).__name__} is not declared worker-safe "
+        f"(set {WORKER_SAFE_ATTR} = True on its class, or pass num_workers)",
+        known=False,
+    )
+
+
+_warned_types: set[type] = set()
+
+
+def _warn_once(dataset: Dataset, why: str) -> None:
+    kind = type(dataset)
+    if kind in _warned_types:
+        return
+    _warned_types.add(kind)
+    logger.warning(
+        "fastload kept torch's single-process default for %s: %s. If its samples do not depend "
+        "on which process reads them, set `%s = True` on the class or pass num_workers=N.",
+        kind.__name__,
+        why,
+        WORKER_SAFE_ATTR,
+    )
+
+
+def _from_env(name: str, parse: type) -> tuple[Any, Source] | None:
+    raw = os.environ.get(f"FASTLOAD_{name.upper()}")
+    if raw is None or raw.strip().lower() in ("", AUTO):
+        return None
+    raw = raw.strip()
+    try:
+        if parse is bool:
+            lowered = raw.lower()
+            if lowered not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError(raw)
+            return lowered in ("1", "true", "yes"), "environment"
+        return parse(raw), "environment"
+    except ValueError:
+        raise ConfigError(
+            f"FASTLOAD_{name.upper()}={raw!r} is not a valid {parse.__name__}; "
+            f"unset it or set it to 'auto' or a {parse.__name__}"
+        ) from None
+
+
+def _explicit(name: str, value: Any, parse: type) -> tuple[Any, Source] | None:
+    if isinstance(value, str) and value == AUTO:
+        return _from_env(name, parse)
+    return value, "argument"
+
+
+def resolve_settings(
+    dataset: Dataset,
+    *,
+    num_workers: int | Literal["auto"] = AUTO,
+    pin_memory: bool | Literal["auto"] = AUTO,
+    prefetch_factor: int | None | Literal["auto"] = AUTO,
+    persistent_workers: bool | Literal["auto"] = AUTO,
+    device: torch.device | None = None,
+    machine: Machine | None = None,
+    warn: bool = True,
+) -> LoaderSettings:
+    """Resolve the four tunables for ``dataset`` on ``machine`` (probed when not given).
+
+    Explicit values are returned untouched (torch validates them); only "auto" is decided here.
+
+    Example::
+
+        >>> resolve_settings(folder, machine=Machine(cpu_cores=32, gpus=4)).num_workers.value
+        8
+    """
+    machine = machine or Machine.probe()
+    safety = worker_safety(dataset)
+    safe, why_safe = safety.safe, safety.reason
+
+    # num_workers
+    chosen = _explicit("num_workers", num_workers, int)
+    if chosen is not None:
+        workers = Setting(chosen[0], chosen[1], "set by the user")
+    elif not safe:
+        if warn and not safety.known:
+            _warn_once(dataset, why_safe)
+        workers = Setting(0, "auto", f"torch's default kept: {why_safe}")
+    else:
+        workers = _auto_workers(machine, why_safe)
+
+    n = workers.value if isinstance(workers.value, int) else 0
+
+    # prefetch_factor: more batches in flight absorb jitter; it never changes what is loaded.
+    chosen = _explicit("prefetch_factor", prefetch_factor, int)
+    if chosen is not None:
+        prefetch = Setting(chosen[0], chosen[1], "set by the user")
+    elif n == 0:
+        prefetch = Setting(None, "auto", "no worker processes, nothing to prefetch")
+    else:
+        per_worker = min(8, max(2, math.ceil(8 / n)))
+        prefetch = Setting(
+            per_worker,
+            "auto",
+            f"{per_worker} batches per worker keep >= 8 batches in flight over {n} workers",
+        )
+
+    # pin_memory: pinned pages make host-to-device copies asynchronous and about 2x faster.
+    chosen = _explicit("pin_memory", pin_memory, bool)
+    if chosen is not None:
+        pin = Setting(chosen[0], chosen[1], "set by the user")
+    elif device is not None and device.type != "cuda":
+        pin = Setting(False, "auto", f"batches stay on {device.type}: nothing to copy to a GPU")
+    elif machine.gpus == 0:
+        pin = Setting(False, "auto", "no CUDA device: pinned memory would only cost RAM")
+    elif device is not None or safe:
+        pin = Setting(True, "auto", "a CUDA device is present: pinned host memory copies async")
+    else:
+        pin = Setting(
+            False,
+            "auto",
+            "torch's default kept: the dataset might return CUDA tensors, which cannot be "
+            "pinned; pass pin_memory=True or device='cuda'",
+        )
+
+    # persistent_workers: keeps workers (and their open files and caches) between epochs.
+    chosen = _explicit("persistent_workers", persistent_workers, bool)
+    if chosen is not None:
+        persist = Setting(chosen[0], chosen[1], "set by the user")
+    elif n == 0:
+        persist = Setting(False, "auto", "no worker processes")
+    elif safe:
+        persist = Setting(True, "auto", "declared dataset does not change between epochs")
+    else:
+        persist = Setting(
+            False, "auto", "torch's default kept: the dataset may change between epochs"
+        )
+
+    return LoaderSettings(workers, pin, prefetch, persist, machine)
+
+
+def _auto_workers(machine: Machine, why_safe: str) -> Setting[int]:
+    cores = machine.cores_per_rank
+    ranks = f" / {machine.local_world_size} ranks" if machine.local_world_size > 1 else ""
+    if machine.gpus > 0:
+        n = max(1, min(WORKERS_PER_GPU, cores))
+        reason = (
+            f"{n} = min({WORKERS_PER_GPU} per GPU, {machine.cpu_cores} usable cores{ranks}); "
+            f"{why_safe}"
+        )
+    else:
+        n = max(1, min(MAX_WORKERS_WITHOUT_GPU, cores))
+        reason = f"{n} = one per usable core ({machine.cpu_cores}{ranks}), no GPU; {why_safe}"
+    return Setting(n, "auto", reason)

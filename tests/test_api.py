@@ -1,0 +1,35 @@
+"""The public surface: one __all__, every name resolves, the command answers."""
+
+import subprocess
+import sys
+
+import fastload
+
+
+def test_every_public_name_resolves():
+    for name in fastload.__all__:
+        assert getattr(fastload, name) is not None, name
+
+
+def test_dataloader_is_a_torch_dataloader():
+    import torch.utils.data
+
+    assert issubclass(fastload.DataLoader, torch.utils.data.DataLoader)
+
+
+def test_errors_form_one_tree():
+    errors = [getattr(fastload, n) for n in fastload.__all__ if n.endswith(("Error", "Unavailable"))]
+    assert errors
+    for err in errors:
+        assert issubclass(err, fastload.FastloadError), err
+
+
+def test_version_and_help_from_the_command_line():
+    out = subprocess.run(
+        [sys.executable, "-m", "fastload", "--version"], capture_output=True, text=True, check=True
+    )
+    assert fastload.__version__ in out.stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "fastload", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "Usage" in out.stdout
