@@ -1,0 +1,63 @@
+"""The contract every cache tier keeps (memory, local disk, Redis).
+
+A tier stores immutable byte strings under string keys. Keys are built by the cache from the
+origin URL *and* the origin's version (etag, mtime or size), so a changed object gets a new
+key and a tier never has to detect staleness itself. A tier must:
+
+* return ``None`` from :meth:`get` for a missing entry and for any entry that fails
+  validation (size or checksum), dropping the bad entry, never serving it;
+* make :meth:`put` atomic: a concurrent reader sees the whole value or nothing;
+* turn its own faults (full disk, exhausted budget, server down) into ``False`` from
+  :meth:`put` / ``None`` from :meth:`get` plus one logged warning, never an exception that
+  stops training.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass
+class TierStats:
+    """Counters of one tier since it was opened (per process)."""
+
+    hits: int = 0
+    misses: int = 0
+    puts: int = 0
+    rejected: int = 0      # puts refused: over budget, policy, or a fault
+    corrupt: int = 0       # entries dropped because validation failed
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+
+class Tier(abc.ABC):
+    """One level of the cache. Subclasses write get/put/delete/keys; see the module doc."""
+
+    name: str = "tier"
+
+    def __init__(self) -> None:
+        self.stats = TierStats()
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes | None:
+        """The validated value of ``key``, or None (missing, corrupt, or the tier failed)."""
+
+    @abc.abstractmethod
+    def put(self, key: str, value: bytes) -> bool:
+        """Store ``value`` atomically; False if the tier declined or failed (never raises)."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Drop ``key`` if present."""
+
+    @abc.abstractmethod
+    def keys(self) -> Iterator[str]:
+        """Every key currently stored (for stats, verify and clear)."""
+
+    def contains(self, key: str) -> bool:
+        return self.get(key) is not None
+
+    def close(self) -> None:
+        """Release connections and handles; the tier may not be used afterwards."""
