@@ -1,0 +1,1 @@
+"""The read-through cache over fsspec storage: tiers, policies, prefetch."""
