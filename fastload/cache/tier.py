@@ -9,14 +9,23 @@ key and a tier never has to detect staleness itself. A tier must:
 * make :meth:`put` atomic: a concurrent reader sees the whole value or nothing;
 * turn its own faults (full disk, exhausted budget, server down) into ``False`` from
   :meth:`put` / ``None`` from :meth:`get` plus one logged warning, never an exception that
-  stops training.
+  stops training;
+* count ``hits``/``misses`` in :meth:`get` only: :meth:`contains` is a cheap check that
+  counts nothing (the cache calls it before and after waiting for another fetch).
+
+``shared`` says whether other processes see what the tier stores (disk, Redis: yes; the
+in-process memory tier: no); the prefetcher of a loader with worker processes fills only
+shared tiers. A tier that can hold a per-key lock across processes also implements
+:class:`KeyLocking`; the cache then fetches each missing object once, not once per process.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 
 @dataclass
@@ -36,6 +45,7 @@ class Tier(abc.ABC):
     """One level of the cache. Subclasses write get/put/delete/keys; see the module doc."""
 
     name: str = "tier"
+    shared: bool = True  # other processes see the entries (False for in-process tiers)
 
     def __init__(self) -> None:
         self.stats = TierStats()
@@ -57,7 +67,19 @@ class Tier(abc.ABC):
         """Every key currently stored (for stats, verify and clear)."""
 
     def contains(self, key: str) -> bool:
+        """Whether ``key`` is stored; cheap and uncounted. Override the default (a full get)."""
         return self.get(key) is not None
 
     def close(self) -> None:
         """Release connections and handles; the tier may not be used afterwards."""
+
+
+@runtime_checkable
+class KeyLocking(Protocol):
+    """A tier that can lock one key across processes (the disk tier: a file lock).
+
+    ``lock(key, timeout)`` is a context manager yielding True when the lock was taken and
+    False when ``timeout`` seconds passed first (the caller then fetches anyway).
+    """
+
+    def lock(self, key: str, timeout: float) -> AbstractContextManager[bool]: ...

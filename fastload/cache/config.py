@@ -1,0 +1,186 @@
+"""What a cache spec means: sizes in human units, the tier stack it builds, and its options.
+
+``ImageFolder(cache=...)``, the ``fastload::`` protocol and ``fastload cache`` all accept the
+same spec, resolved once by :func:`open_cache`:
+
+* ``None`` or ``False``: no cache.
+* ``True``: a disk tier in ``~/.cache/fastload``.
+* a path such as ``"/nvme/fastload"``: a disk tier there, with the default budget.
+* a :class:`CacheConfig` or a dict of its fields: memory and disk sizes, policy, extra tiers.
+* a :class:`~fastload.cache.tiered.TieredCache`: used as it is.
+
+Example::
+
+    >>> cache = open_cache({"memory": "2GB", "disk": "/nvme/fastload", "disk_size": "500GB"})
+    >>> [t.name for t in cache.tiers]
+    ['memory', 'disk']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from fastload.errors import ConfigError, MissingDependencyError
+
+if TYPE_CHECKING:
+    from fastload.cache.tier import Tier
+    from fastload.cache.tiered import TieredCache
+
+Policy = Literal["keep", "lru"]
+POLICIES = ("keep", "lru")
+DEFAULT_DIR = "~/.cache/fastload"
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
+    "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: int | str, *, name: str = "size") -> int:
+    """Bytes from an int or a human size: ``"20GB"`` (10**9), ``"64KiB"`` (2**10), ``"1.5g"``.
+
+    Example::
+
+        >>> parse_size("20GB"), parse_size("64kib"), parse_size(512)
+        (20000000000, 65536, 512)
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be a size like '20GB' or a number of bytes, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{name} must not be negative, got {value}")
+        return value
+    match = _SIZE.match(str(value))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise ConfigError(
+            f"{name}={value!r} is not a size; write a number of bytes or a number with a unit "
+            "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. '20GB'"
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The cache's tiers and options (all keyword-only; sizes in bytes or human units).
+
+    Args:
+        memory: size of the in-process memory tier; None = no memory tier. Each process
+            (each loader worker) has its own; see docs/cache.md.
+        disk: directory of the disk tier, shared by every process on the node; None = none.
+        disk_size: budget of the disk tier; None = half the free space of its filesystem
+            when the directory was created (remembered in the directory).
+        policy: "keep" (default: admit until full, then keep what is there; thrash-free
+            under shuffled epochs) or "lru" (evict the least recently used).
+        redis: URL of a shared Redis tier below the disk (``redis://host:6379/0``); needs the
+            Redis tier module (``pip install 'fastload[redis]'``).
+        tiers: further :class:`~fastload.cache.tier.Tier` objects, below memory and disk.
+        prefetch: let a loader fetch the epoch's next items into the cache ahead of its
+            workers (clairvoyant prefetch).
+        prefetch_jobs: requests the prefetcher keeps in flight.
+        prefetch_ahead: how many samples ahead of the training loop it may fetch; None =
+            enough for the loader's workers plus a margin.
+        lock_timeout: seconds a reader waits for another process fetching the same object
+            before it fetches the object itself.
+
+    Example::
+
+        >>> CacheConfig(memory="1GB", disk="/nvme/fastload", disk_size="200GB", policy="lru")
+    """
+
+    memory: int | str | None = None
+    disk: str | os.PathLike[str] | None = None
+    disk_size: int | str | None = None
+    policy: Policy = "keep"
+    redis: str | None = None
+    tiers: Sequence[Tier] = field(default_factory=tuple)
+    prefetch: bool = True
+    prefetch_jobs: int = 16
+    prefetch_ahead: int | None = None
+    lock_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"cache policy must be 'keep' or 'lru', got {self.policy!r}")
+        if self.memory is not None:
+            parse_size(self.memory, name="memory")
+        if self.disk_size is not None:
+            parse_size(self.disk_size, name="disk_size")
+        if self.prefetch_jobs < 1:
+            raise ConfigError(f"prefetch_jobs must be at least 1, got {self.prefetch_jobs}")
+        if self.prefetch_ahead is not None and self.prefetch_ahead < 1:
+            raise ConfigError(f"prefetch_ahead must be at least 1 sample, got {self.prefetch_ahead}")
+        if not (self.memory or self.disk or self.redis or self.tiers):
+            raise ConfigError(
+                "the cache has no tier: give memory='2GB', disk='/path/to/cache', redis=... "
+                "or tiers=[...]"
+            )
+
+    @classmethod
+    def from_mapping(cls, spec: Mapping[str, Any]) -> CacheConfig:
+        """A config from a dict of its fields; an unknown field is an error naming it."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(spec) - names)
+        if unknown:
+            raise ConfigError(
+                f"unknown cache option(s) {unknown}; the options are {sorted(names)}"
+            )
+        return cls(**spec)
+
+    def build_tiers(self) -> list[Tier]:
+        """The tier stack, fastest first: memory, disk, Redis, then the extra ``tiers``."""
+        from fastload.cache.disk import DiskTier
+        from fastload.cache.memory import MemoryTier
+
+        tiers: list[Tier] = []
+        if self.memory:
+            tiers.append(MemoryTier(self.memory, policy=self.policy))
+        if self.disk:
+            tiers.append(DiskTier(self.disk, size=self.disk_size, policy=self.policy))
+        if self.redis:
+            tiers.append(_redis_tier(self.redis))
+        tiers.extend(self.tiers)
+        return tiers
+
+
+def _redis_tier(url: str) -> Tier:
+    try:
+        from fastload.cache import redis_tier
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"cache redis={url!r} needs the redis package ({exc}); "
+            "install it with: pip install 'fastload[redis]'"
+        ) from exc
+    return redis_tier.RedisTier(url)
+
+
+def open_cache(spec: Any) -> TieredCache | None:
+    """The cache a spec describes (see the module doc), or None for no cache."""
+    from fastload.cache.tiered import TieredCache
+
+    if spec is None or spec is False:
+        return None
+    if isinstance(spec, TieredCache):
+        return spec
+    if spec is True:
+        config = CacheConfig(disk=DEFAULT_DIR)
+    elif isinstance(spec, CacheConfig):
+        config = spec
+    elif isinstance(spec, Mapping):
+        config = CacheConfig.from_mapping(spec)
+    elif isinstance(spec, (str, os.PathLike)):
+        config = CacheConfig(disk=spec)
+    else:
+        raise ConfigError(
+            f"cache={spec!r} is not a cache spec; pass a directory, a dict such as "
+            "{'memory': '2GB', 'disk': '/nvme/cache'}, a CacheConfig, or None"
+        )
+    return TieredCache(config.build_tiers(), config=config)

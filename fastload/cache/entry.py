@@ -1,0 +1,88 @@
+"""The on-disk format of one cache entry: a small header, then the object's bytes.
+
+::
+
+    b"FLC1" | header length (uint32, little-endian) | header (JSON) | value
+    header = {"key": <the cache key>, "size": <len(value)>, "xxh64": <hex checksum of value>}
+
+The header keeps the original key (the file is named by the key's hash, see NOTE [cache
+keys]), so ``fastload cache verify`` can name a corrupt entry and a hash collision is told
+apart from a hit. Every read checks the size and the checksum; a bad entry is never served.
+
+Example::
+
+    >>> blob = encode_header("s3://b/a.jpg#v=3", b"abc") + b"abc"
+    >>> decode(blob, expect_key="s3://b/a.jpg#v=3")
+    b'abc'
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import BinaryIO
+
+from fastload.cache.keys import checksum
+
+MAGIC = b"FLC1"
+_LEN = struct.Struct("<I")
+PREFIX = len(MAGIC) + _LEN.size
+MAX_HEADER = 1 << 20
+
+
+class CorruptEntry(Exception):
+    """An entry failed validation; ``str(exc)`` says why (internal to the disk tier)."""
+
+
+class KeyMismatch(Exception):
+    """The entry is valid but holds another key (a hash collision): a miss, not corruption."""
+
+
+def encode_header(key: str, value: bytes) -> bytes:
+    """The bytes written before ``value`` in an entry file."""
+    header = json.dumps(
+        {"key": key, "size": len(value), "xxh64": checksum(value)}, ensure_ascii=True
+    ).encode()
+    return MAGIC + _LEN.pack(len(header)) + header
+
+
+def read_header(blob: bytes) -> tuple[dict, int]:
+    """The header of an entry and the offset where its value starts; CorruptEntry if unreadable."""
+    if len(blob) < PREFIX or blob[: len(MAGIC)] != MAGIC:
+        raise CorruptEntry("not a fastload cache entry (bad magic or truncated header)")
+    (length,) = _LEN.unpack_from(blob, len(MAGIC))
+    if length > MAX_HEADER or len(blob) < PREFIX + length:
+        raise CorruptEntry("truncated header")
+    try:
+        header = json.loads(blob[PREFIX : PREFIX + length])
+        if not isinstance(header, dict) or not {"key", "size", "xxh64"} <= header.keys():
+            raise ValueError("missing fields")
+    except ValueError as exc:
+        raise CorruptEntry(f"unreadable header: {exc}") from exc
+    return header, PREFIX + length
+
+
+def read_file_header(f: BinaryIO) -> tuple[dict, int]:
+    """The header of an open entry file (reads only the header); CorruptEntry if unreadable."""
+    prefix = f.read(PREFIX)
+    if len(prefix) < PREFIX or prefix[: len(MAGIC)] != MAGIC:
+        raise CorruptEntry("not a fastload cache entry (bad magic or truncated header)")
+    (length,) = _LEN.unpack_from(prefix, len(MAGIC))
+    return read_header(prefix + f.read(min(length, MAX_HEADER)))
+
+
+def decode(blob: bytes, *, expect_key: str | None = None) -> bytes:
+    """The validated value of an entry file's bytes.
+
+    Raises CorruptEntry when size or checksum are wrong, KeyMismatch when the entry is
+    another key's.
+    """
+    header, start = read_header(blob)
+    if expect_key is not None and header["key"] != expect_key:
+        raise KeyMismatch(header["key"])
+    value = blob[start:]
+    if len(value) != header["size"]:
+        raise CorruptEntry(f"size {len(value)} bytes, expected {header['size']} (truncated?)")
+    if checksum(value) != header["xxh64"]:
+        raise CorruptEntry("checksum mismatch (xxh64)")
+    return value

@@ -1,0 +1,82 @@
+"""The ``fastload::`` fsspec protocol: any fsspec-using code reads through the cache.
+
+Chain it in front of any URL; the options of the cache go under ``fastload=``, those of the
+storage under its protocol::
+
+    >>> import fsspec
+    >>> with fsspec.open("fastload::s3://bucket/train/a.jpg",
+    ...                  fastload={"cache": "/nvme/fastload"}, s3={"anon": True}) as f:
+    ...     data = f.read()
+
+Each open asks the origin for the object's version (one ``info`` request, so a changed
+object is never served stale) and reads the bytes from the fastest tier that has them.
+Listing (``ls``, ``find``, ``info``) goes to the origin. The protocol is read-only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fsspec
+from fsspec.implementations.chained import ChainedFileSystem
+from fsspec.implementations.memory import MemoryFile
+
+from fastload.cache.config import DEFAULT_DIR, open_cache
+from fastload.errors import ConfigError
+from fastload.storage import target_filesystem
+
+
+class FastloadCacheFileSystem(ChainedFileSystem):
+    """A read-through cached view of a target filesystem (protocol ``fastload``).
+
+    Args:
+        target_protocol: the protocol below (set by URL chaining: ``fastload::s3://...``).
+        target_options: options of the target filesystem.
+        fs: an already built target filesystem, instead of the two above.
+        cache: a cache spec (see :func:`fastload.cache.open_cache`); default
+            ``~/.cache/fastload``.
+    """
+
+    protocol = "fastload"
+
+    def __init__(
+        self,
+        target_protocol: str | None = None,
+        target_options: dict[str, Any] | None = None,
+        fs: fsspec.AbstractFileSystem | None = None,
+        cache: Any = DEFAULT_DIR,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.pop("fo", None)  # the chained path; each call gets its path anyway
+        super().__init__(**kwargs)
+        self.fs = target_filesystem("fastload", target_protocol, target_options, fs)
+        self.cache = open_cache(cache)
+        if self.cache is None:
+            raise ConfigError(f"fastload:: needs a cache, got cache={cache!r}; pass a directory")
+
+    def _target_path(self, path: str) -> str:
+        return self.fs._strip_protocol(self._strip_protocol(path))
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        data = self.cache.read(self.fs, self._target_path(path))
+        return data if start is None and end is None else data[start:end]
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> MemoryFile:
+        if mode != "rb":
+            raise ConfigError(
+                f"fastload:: is a read-only cache; open {path!r} with mode {mode!r} on the "
+                "storage itself, without the fastload:: prefix"
+            )
+        return MemoryFile(fs=self, path=path, data=self.cat_file(path))
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        return self.fs.info(self._target_path(path), **kwargs)
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list:
+        return self.fs.ls(self._target_path(path), detail=detail, **kwargs)
+
+    def find(self, path: str, maxdepth: int | None = None, withdirs: bool = False, detail: bool = False, **kwargs: Any):
+        return self.fs.find(self._target_path(path), maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs)
+
+    def unstrip_protocol(self, name: str) -> str:
+        return "fastload::" + self.fs.unstrip_protocol(self._target_path(name))

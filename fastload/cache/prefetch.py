@@ -1,0 +1,197 @@
+"""Clairvoyant prefetch: the epoch's order is known from the sampler's seed, so fetch ahead.
+
+A :class:`Prefetcher` walks the epoch's paths in the order the loader will read them and
+fills the cache with the next ones, at most ``ahead`` samples past what the training loop
+has consumed, with ``jobs`` requests in flight (threads; s3fs and other async filesystems run
+them concurrently on their event loop). Workers then find their objects in the cache, or
+wait on the per-key lock while the prefetcher's request completes, instead of paying the
+store's latency one object at a time. With worker processes it fills only the tiers they
+share (disk, Redis); with ``num_workers=0`` the memory tier too.
+
+:class:`fastload.DataLoader` starts one per epoch for an ``ImageFolder`` with a cache (see
+:func:`follow_loader`); it stops when the epoch ends or its iterator is dropped.
+
+Example::
+
+    >>> p = Prefetcher(cache, fs, paths_in_epoch_order, ahead=512, jobs=16).start()
+    >>> for i, batch in enumerate(batches):
+    ...     p.advance(len(batch))
+    >>> p.stop()
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import fsspec
+
+from fastload.cache.tiered import TieredCache
+from fastload.sampling import EpochSampler
+
+if TYPE_CHECKING:
+    from fastload.loader import DataLoader
+
+logger = logging.getLogger(__name__)
+
+_running: weakref.WeakKeyDictionary[Any, Prefetcher] = weakref.WeakKeyDictionary()
+
+
+class Prefetcher:
+    """Fetches ``paths`` in order into ``cache``, ahead of a consumer, on daemon threads.
+
+    Args:
+        cache: the cache to fill.
+        fs: the filesystem of the paths.
+        paths: the objects in the order they will be read.
+        versions: known versions by path (from the listing), to spare a request each.
+        ahead: how many samples past the consumer it may fetch.
+        jobs: requests in flight.
+        shared_only: fill only tiers other processes see (the loader has worker processes).
+        start: position (in ``paths``) the consumer starts at (a resumed epoch).
+
+    Attributes:
+        fetched, hits, rejected, failed: outcomes so far (a failed fetch is left to the
+        reader, which raises the error with the sample's index).
+    """
+
+    def __init__(
+        self,
+        cache: TieredCache,
+        fs: fsspec.AbstractFileSystem,
+        paths: Sequence[str],
+        *,
+        versions: Mapping[str, str] | None = None,
+        ahead: int = 256,
+        jobs: int = 16,
+        shared_only: bool = False,
+        start: int = 0,
+    ) -> None:
+        self.cache = cache
+        self.fs = fs
+        self.paths = paths
+        self.versions = versions or {}
+        self.ahead = max(1, ahead)
+        self.jobs = max(1, jobs)
+        self.shared_only = shared_only
+        self.fetched = self.hits = self.rejected = self.failed = 0
+        self._consumed = start
+        self._next = start
+        self._stopped = False
+        self._cond = threading.Condition()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> Prefetcher:
+        """Start the threads; returns self."""
+        for i in range(min(self.jobs, max(0, len(self.paths) - self._next))):
+            t = threading.Thread(target=self._run, name=f"fastload-prefetch-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def advance(self, consumed: int) -> None:
+        """The consumer has read ``consumed`` more samples: the window moves on."""
+        with self._cond:
+            self._consumed += consumed
+            self._next = max(self._next, self._consumed)
+            self._cond.notify_all()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop fetching and wait (up to ``timeout`` seconds) for requests in flight."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout)
+        if self._threads:
+            logger.debug(
+                "prefetcher stopped: %d fetched, %d already cached, %d not stored, %d failed",
+                self.fetched, self.hits, self.rejected, self.failed,
+            )
+
+    def _claim(self) -> str | None:
+        with self._cond:
+            while not self._stopped and self._next < len(self.paths):
+                if self._next < self._consumed + self.ahead:
+                    path = self.paths[self._next]
+                    self._next += 1
+                    return path
+                self._cond.wait()
+            return None
+
+    def _run(self) -> None:
+        while (path := self._claim()) is not None:
+            try:
+                outcome = self.cache.ensure(
+                    self.fs, path, self.versions.get(path), shared_only=self.shared_only
+                )
+            except Exception as exc:  # the reader raises it with the sample's index
+                logger.debug("prefetch of %s failed: %s", path, exc)
+                with self._cond:
+                    self.failed += 1
+                continue
+            with self._cond:
+                if outcome == "hit":
+                    self.hits += 1
+                elif outcome == "fetched":
+                    self.fetched += 1
+                else:  # the cache is full: fetching more would only double the reads
+                    self.rejected += 1
+                    if not self._stopped:
+                        logger.info("cache full: prefetching stops for this epoch")
+                    self._stopped = True
+                    self._cond.notify_all()
+
+    def follow(self, source: Iterator[Any], per_item: int) -> Iterator[Any]:
+        """Yield from ``source``, moving the window ``per_item`` samples per item; stop at the end."""
+        try:
+            for item in source:
+                yield item
+                self.advance(per_item)
+        finally:
+            self.stop()
+
+
+def follow_loader(loader: DataLoader, source: Iterator[Any], *, start_batch: int = 0) -> Iterator[Any]:
+    """``source`` with a prefetcher for this epoch when ``loader`` reads a cached ImageFolder.
+
+    Otherwise (no cache, prefetch off, a sampler other than fastload's, no shared tier for
+    worker processes) ``source`` is returned unchanged.
+    """
+    previous = _running.pop(loader, None)
+    if previous is not None:
+        previous.stop()
+    dataset = loader.dataset
+    storage = getattr(dataset, "storage", None)
+    cache = getattr(storage, "cache", None)
+    sampler = loader.sampler
+    batch = loader.batch_size
+    if (
+        not isinstance(cache, TieredCache)
+        or not cache.config.prefetch
+        or not isinstance(sampler, EpochSampler)
+        or not batch
+    ):
+        return source
+    shared_only = loader.num_workers > 0
+    if shared_only and not any(t.shared for t in cache.tiers):
+        logger.debug("no cache tier is shared with the workers; prefetch is off")
+        return source
+    order = sampler.epoch_order()[sampler.rank :: sampler.num_replicas][: len(sampler)]
+    in_flight = max(1, loader.num_workers) * (loader.prefetch_factor or 2) + 2
+    prefetcher = Prefetcher(
+        cache,
+        storage.fs,
+        [dataset.samples[i][0] for i in order],
+        versions=storage.versions,
+        ahead=cache.config.prefetch_ahead or max(64, in_flight * batch),
+        jobs=cache.config.prefetch_jobs,
+        shared_only=shared_only,
+        start=start_batch * batch,
+    ).start()
+    _running[loader] = prefetcher
+    return prefetcher.follow(source, batch)

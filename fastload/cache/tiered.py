@@ -1,0 +1,206 @@
+"""The read-through cache: tiers from fastest to widest, then the origin, for any fsspec path.
+
+A read looks in each tier in turn; a hit in a lower tier is written to the tiers above it
+(promotion). A miss everywhere fetches the object from the origin once: threads of one
+process wait for each other per key, and processes wait on the per-key lock of the widest
+tier that offers one (the disk tier's file lock), then find the object there. Keys carry the
+object's version (NOTE [cache keys]).
+
+Example::
+
+    >>> import fsspec
+    >>> cache = open_cache({"memory": "1GB", "disk": "/nvme/fastload"})
+    >>> fs = fsspec.filesystem("s3")
+    >>> data = cache.read(fs, "bucket/train/a.jpg")      # origin, then disk and memory
+    >>> data = cache.read(fs, "bucket/train/a.jpg")      # memory
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Literal
+
+import fsspec
+
+from fastload.cache.config import CacheConfig
+from fastload.cache.keys import make_key, version_of
+from fastload.cache.tier import KeyLocking, Tier, TierStats
+from fastload.errors import ObjectNotFoundError, StorageError
+
+logger = logging.getLogger(__name__)
+
+Outcome = Literal["hit", "fetched", "rejected"]
+
+# fsspec backends raise their client library's own types for network faults (s3fs lets
+# botocore's EndpointConnectionError through, which is no OSError), so a request to the
+# origin turns any Exception into a StorageError naming the URL, the original as its cause.
+_STORAGE_FAILURES = (Exception,)
+
+
+class TieredCache:
+    """Reads objects through ``tiers`` (fastest first) and fills them from the origin.
+
+    Build one with :func:`fastload.cache.open_cache`; it pickles into worker processes,
+    where each tier reopens itself (the memory tier starts empty there).
+
+    Attributes:
+        tiers: the tier stack, fastest first.
+        config: the :class:`CacheConfig` it was built from.
+        origin_reads: objects this process fetched from the origin.
+        origin_bytes: bytes this process fetched from the origin.
+    """
+
+    def __init__(self, tiers: Sequence[Tier], *, config: CacheConfig | None = None) -> None:
+        self.tiers = list(tiers)
+        self.config = config or CacheConfig(tiers=tuple(self.tiers))
+        lockers = [t for t in self.tiers if isinstance(t, KeyLocking)]
+        self._locker: KeyLocking | None = lockers[-1] if lockers else None
+        self._mutex = threading.Lock()
+        self._inflight: dict[str, threading.Event] = {}
+        self.origin_reads = 0
+        self.origin_bytes = 0
+
+    def __reduce__(self):
+        return (_rebuild, (self.tiers, self.config))
+
+    def __repr__(self) -> str:
+        return f"TieredCache({self.tiers!r})"
+
+    @property
+    def stats(self) -> dict[str, TierStats]:
+        """Each tier's counters in this process, by tier name."""
+        return {t.name: t.stats for t in self.tiers}
+
+    def key(self, fs: fsspec.AbstractFileSystem, path: str, version: str | None = None) -> str:
+        """The cache key of ``path`` on ``fs``; without ``version`` it asks the origin (``info``)."""
+        return make_key(fs.unstrip_protocol(path), version or self.version(fs, path))
+
+    @staticmethod
+    def version(fs: fsspec.AbstractFileSystem, path: str) -> str:
+        """The origin's current version of ``path`` (one ``info`` request)."""
+        try:
+            return version_of(fs.info(path))
+        except FileNotFoundError as exc:
+            raise ObjectNotFoundError(f"{fs.unstrip_protocol(path)} does not exist") from exc
+        except _STORAGE_FAILURES as exc:
+            raise StorageError(f"cannot read the version of {fs.unstrip_protocol(path)}: {exc}") from exc
+
+    def read(self, fs: fsspec.AbstractFileSystem, path: str, version: str | None = None) -> bytes:
+        """The bytes of ``path``, from the fastest tier that has them, else from the origin.
+
+        A missing object raises :class:`~fastload.errors.ObjectNotFoundError` (a
+        ``FileNotFoundError``) naming its URL.
+        """
+        key = self.key(fs, path, version)
+        for level, tier in enumerate(self.tiers):
+            data = tier.get(key)
+            if data is not None:
+                self._store(key, data, self.tiers[:level])
+                return data
+        data, _ = self._fill(fs, path, key, self.tiers)
+        return data
+
+    def ensure(
+        self,
+        fs: fsspec.AbstractFileSystem,
+        path: str,
+        version: str | None = None,
+        *,
+        shared_only: bool = False,
+    ) -> Outcome:
+        """Make sure ``path`` is cached, without returning it (prefetch and ``cache warm``).
+
+        With ``shared_only`` only tiers other processes see are filled. Returns "hit" (it
+        was there), "fetched" (read from the origin and stored) or "rejected" (read, but no
+        tier would store it: full).
+        """
+        targets = [t for t in self.tiers if t.shared or not shared_only]
+        key = self.key(fs, path, version)
+        if any(t.contains(key) for t in targets):
+            return "hit"
+        _, outcome = self._fill(fs, path, key, targets)
+        return outcome
+
+    def _fill(
+        self, fs: fsspec.AbstractFileSystem, path: str, key: str, targets: list[Tier]
+    ) -> tuple[bytes, Outcome]:
+        """Fetch a missed object once (per key across threads and processes) into ``targets``."""
+        with self._mutex:
+            event = self._inflight.get(key)
+            owner = event is None
+            if owner:
+                event = self._inflight[key] = threading.Event()
+        if not owner:
+            event.wait(self.config.lock_timeout)
+            found = self._recheck(key, targets)
+            if found is not None:
+                return found, "hit"
+            return self._fetch_and_store(fs, path, key, targets)
+        try:
+            with self._process_lock(key):
+                found = self._recheck(key, targets)
+                if found is not None:
+                    return found, "hit"
+                return self._fetch_and_store(fs, path, key, targets)
+        finally:
+            with self._mutex:
+                del self._inflight[key]
+            event.set()
+
+    def _recheck(self, key: str, targets: list[Tier]) -> bytes | None:
+        """The object if another thread or process stored it while we waited."""
+        for level, tier in enumerate(targets):
+            if tier.contains(key):
+                data = tier.get(key)
+                if data is not None:
+                    self._store(key, data, targets[:level])
+                    return data
+        return None
+
+    @contextlib.contextmanager
+    def _process_lock(self, key: str) -> Iterator[None]:
+        if self._locker is None:
+            yield
+            return
+        with self._locker.lock(key, self.config.lock_timeout) as got:
+            if not got:
+                logger.info(
+                    "waited %.0f s for another process to fetch %s; fetching it here too",
+                    self.config.lock_timeout, key,
+                )
+            yield
+
+    def _fetch_and_store(
+        self, fs: fsspec.AbstractFileSystem, path: str, key: str, targets: list[Tier]
+    ) -> tuple[bytes, Outcome]:
+        url = fs.unstrip_protocol(path)
+        try:
+            data = fs.cat_file(path)
+        except FileNotFoundError as exc:
+            raise ObjectNotFoundError(f"{url} does not exist") from exc
+        except _STORAGE_FAILURES as exc:
+            raise StorageError(f"cannot read {url}: {exc}") from exc
+        with self._mutex:
+            self.origin_reads += 1
+            self.origin_bytes += len(data)
+        stored = self._store(key, data, targets)
+        return data, "fetched" if stored or not targets else "rejected"
+
+    @staticmethod
+    def _store(key: str, data: bytes, tiers: Sequence[Tier]) -> bool:
+        stored = False
+        for tier in tiers:
+            stored = tier.put(key, data) or stored
+        return stored
+
+    def close(self) -> None:
+        """Flush counters and release every tier's handles."""
+        for tier in self.tiers:
+            tier.close()
+
+
+def _rebuild(tiers: list[Tier], config: CacheConfig) -> TieredCache:
+    return TieredCache(tiers, config=config)

@@ -1,0 +1,1 @@
+"""The subcommands of the ``fastload`` command, one module each (registered in fastload.cli)."""

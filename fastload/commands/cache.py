@@ -1,0 +1,176 @@
+"""``fastload cache``: warm, inspect, verify and clear a cache directory.
+
+Thin over :mod:`fastload.cache`: arguments in, library calls, results to stdout (``--json``
+for machines), progress to stderr. Exit status 1 when something failed or is corrupt.
+
+Example::
+
+    fastload cache warm s3://bucket/train --cache /nvme/fastload --jobs 32 --shard 0/4
+    fastload cache stats /nvme/fastload
+    fastload cache verify /nvme/fastload
+    fastload cache clear /nvme/fastload
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from fastload.cache.config import CacheConfig
+from fastload.cache.disk import DiskTier
+from fastload.cache.warm import parse_shard, warm
+from fastload.errors import ConfigError
+
+
+def _storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--storage-option")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n} B"
+
+
+@click.group("cache")
+def cache() -> None:
+    """Warm, inspect, verify and clear a fastload cache directory."""
+
+
+@cache.command("warm")
+@click.argument("url")
+@click.option("--cache", "directory", required=True, type=click.Path(file_okay=False),
+              help="The cache directory (the disk tier) to fill.")
+@click.option("--jobs", default=16, show_default=True, type=click.IntRange(1, 4096),
+              help="Requests in flight.")
+@click.option("--shard", default="0/1", show_default=True,
+              help="I/N: warm every N-th object starting at I (split a dataset across nodes).")
+@click.option("--size", "disk_size", default=None,
+              help="Budget of the cache directory, e.g. 500GB (default: half the free space).")
+@click.option("--policy", type=click.Choice(["keep", "lru"]), default="keep", show_default=True)
+@click.option("--redis", default=None, metavar="URL",
+              help="Also fill this shared Redis tier (redis://host:6379/0); N warmers with "
+                   "--shard I/N fill it together.")
+@click.option("-o", "--storage-option", "options", multiple=True, metavar="KEY=VALUE",
+              help="An fsspec storage option (JSON values allowed), e.g. -o endpoint_url=http://...")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def warm_command(url: str, directory: str, jobs: int, shard: str, disk_size: str | None,
+                 policy: str, redis: str | None, options: tuple[str, ...], as_json: bool) -> None:
+    """Fetch every object below URL into the cache; resumable, exits 1 listing failures."""
+    try:
+        shard_of = parse_shard(shard)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--shard") from exc
+    config = CacheConfig(disk=directory, disk_size=disk_size, policy=policy, redis=redis,
+                         prefetch=False)
+    console = Console(stderr=True)
+    progress = Progress(
+        TextColumn("[bold]warming"),
+        BarColumn(),
+        TextColumn("{task.fields[done]}/{task.fields[count]} files"),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=not console.is_terminal,
+    )
+    task = progress.add_task("warm", total=None, done=0, count="?")
+
+    def on_start(files: int, nbytes: int) -> None:
+        progress.update(task, total=nbytes, count=files)
+
+    def on_file(_url: str, nbytes: int, _outcome: str) -> None:
+        progress.update(task, advance=nbytes, done=progress.tasks[task].fields["done"] + 1)
+
+    with progress:
+        report = warm(url, config, jobs=jobs, shard=shard_of,
+                      storage_options=_storage_options(options), on_start=on_start, on_file=on_file)
+    if as_json:
+        click.echo(json.dumps({**report.__dict__, "ok": report.ok}, indent=2))
+    else:
+        click.echo(
+            f"{report.url}: {report.files} files ({_human(report.bytes)}): {report.fetched} fetched, "
+            f"{report.skipped} already cached, {report.rejected} not stored (cache full), "
+            f"{len(report.failed)} failed"
+        )
+        for failed_url, error in report.failed:
+            click.echo(f"FAILED {failed_url}: {error}")
+        if report.failed:
+            click.echo("run the same command again to fetch what failed; cached files are skipped")
+    if not report.ok:
+        raise click.exceptions.Exit(1)
+
+
+@cache.command("stats")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
+def stats_command(directory: str, as_json: bool) -> None:
+    """Entries, bytes, budget, and the hits/misses recorded by the processes that used DIRECTORY."""
+    summary = DiskTier(directory, create=False).summary()
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    table = Table(title=f"fastload cache {summary['directory']}", show_header=False)
+    for name, value in summary.items():
+        if name == "directory":
+            continue
+        if name in ("bytes", "budget", "bytes_read", "bytes_written"):
+            shown = f"{_human(value)} ({value})"
+        elif name == "hit_rate":
+            shown = "-" if value is None else f"{value:.1%}"
+        else:
+            shown = str(value)
+        table.add_row(name, shown)
+    Console().print(table)
+
+
+@cache.command("verify")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--drop", is_flag=True, help="Delete the corrupt entries (they are refetched on use).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def verify_command(directory: str, drop: bool, as_json: bool) -> None:
+    """Check the size and checksum of every entry; name the corrupt ones and exit 1 if any."""
+    report = DiskTier(directory, create=False).verify(drop=drop)
+    if as_json:
+        click.echo(json.dumps({**report.__dict__, "ok": not report.corrupt}, indent=2))
+    else:
+        click.echo(f"{report.checked} entries ({_human(report.bytes)}) checked, {len(report.corrupt)} corrupt")
+        for name, why in report.corrupt:
+            click.echo(f"CORRUPT {name}: {why}" + (" (deleted)" if drop else ""))
+    if report.corrupt:
+        raise click.exceptions.Exit(1)
+
+
+@cache.command("clear")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print what was freed as JSON.")
+def clear_command(directory: str, as_json: bool) -> None:
+    """Delete every entry of the cache in DIRECTORY (the directory itself stays)."""
+    entries, freed = DiskTier(directory, create=False).clear()
+    if as_json:
+        click.echo(json.dumps({"entries": entries, "bytes": freed}))
+    else:
+        click.echo(f"cleared {directory}: {entries} entries, {_human(freed)} freed")

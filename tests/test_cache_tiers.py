@@ -1,0 +1,172 @@
+"""The Tier contract, run on every local tier, plus what only the disk tier promises:
+policies, corrupt entries, hostile keys, budgets, a full disk, counters across processes."""
+
+import json
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from fastload.cache import DiskTier, MemoryTier
+from fastload.cache.entry import encode_header
+from fastload.cache.keys import make_key
+
+
+@pytest.fixture(params=["memory", "disk"])
+def tier(request, tmp_path):
+    if request.param == "memory":
+        return MemoryTier("1MB")
+    return DiskTier(tmp_path / "cache", size="1MB")
+
+
+def test_contract_round_trip_missing_delete_and_keys(tier):
+    key = make_key("s3://b/a.jpg", "3:etag")
+    assert tier.get(key) is None and not tier.contains(key)
+    assert tier.put(key, b"abc") is True
+    assert tier.put(key, b"abc") is True  # idempotent
+    assert tier.get(key) == b"abc" and tier.contains(key)
+    assert list(tier.keys()) == [key]
+    tier.delete(key)
+    assert tier.get(key) is None and list(tier.keys()) == []
+    assert (tier.stats.hits, tier.stats.misses) == (1, 2)  # contains() counts nothing
+
+
+def test_contract_survives_pickling(tier):
+    tier.put("k", b"v")
+    clone = pickle.loads(pickle.dumps(tier))
+    assert type(clone) is type(tier)
+    assert clone.get("k") == (b"v" if tier.shared else None)
+
+
+@pytest.mark.parametrize("kind", ["memory", "disk"])
+def test_keep_admits_until_full_then_keeps_lru_evicts_the_oldest(kind, tmp_path, caplog):
+    def make(policy):
+        if kind == "memory":
+            return MemoryTier(350, policy=policy)
+        one = len(encode_header("k0", b"x" * 100)) + 100
+        return DiskTier(tmp_path / policy, size=3 * one + 50, policy=policy)
+
+    value = b"x" * 100
+    keep, lru = make("keep"), make("lru")
+    for t in (keep, lru):
+        for i in range(3):
+            assert t.put(f"k{i}", value)
+        if kind == "disk":
+            os.utime(t.path_of("k0"), (1, 1))  # the oldest, so LRU evicts it first
+        else:
+            t.get("k0")  # read recently, so LRU keeps it
+    caplog.clear()
+    assert keep.put("k3", value) is False and keep.put("k4", value) is False
+    assert sorted(keep.keys()) == ["k0", "k1", "k2"]
+    if kind == "disk":
+        assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+        assert "full" in caplog.text
+    assert lru.put("k3", value) is True
+    assert "k3" in set(lru.keys()) and len(set(lru.keys())) < 4
+    if kind == "memory":
+        assert "k0" in set(lru.keys())  # read recently, so kept
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda b: b[:-1] + bytes([b[-1] ^ 1]),   # a flipped bit
+        lambda b: b[: len(b) // 2],              # truncated
+        lambda b: b"garbage",                    # not an entry
+        lambda b: b"",                           # empty
+    ],
+)
+def test_a_corrupt_entry_is_dropped_never_served(tmp_path, damage, caplog):
+    tier = DiskTier(tmp_path / "c")
+    tier.put("k", b"payload" * 100)
+    path = tier.path_of("k")
+    path.write_bytes(damage(path.read_bytes()))
+    report = tier.verify()
+    assert len(report.corrupt) == 1 and str(path) in report.corrupt[0][0]
+    assert tier.get("k") is None
+    assert tier.stats.corrupt == 1 and not path.exists()
+    assert "dropping corrupt cache entry k" in caplog.text
+    assert tier.put("k", b"fresh") and tier.get("k") == b"fresh"
+    assert tier.rescan()[1] == path.stat().st_size
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["../../../../etc/passwd", "/etc/passwd", "a/../../b", "..", "\x00nul", "é" * 3000, "C:\\x\\..\\..\\y"],
+)
+def test_hostile_keys_stay_inside_the_directory(tmp_path, key):
+    root = tmp_path / "c"
+    tier = DiskTier(root)
+    assert tier.put(key, b"v") and tier.get(key) == b"v"
+    assert list(tier.keys()) == [key]
+    files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert files and all(root in p.parents for p in files)
+    assert tier.path_of(key).parent.parent == root / "entries"
+
+
+def test_a_directory_that_is_not_a_cache_is_refused(tmp_path):
+    from fastload.errors import CacheError
+
+    (tmp_path / "thesis.tex").write_text("precious")
+    with pytest.raises(CacheError, match="not empty and not a fastload cache"):
+        DiskTier(tmp_path)
+    with pytest.raises(CacheError, match="is not a fastload cache directory"):
+        DiskTier(tmp_path / "missing", create=False)
+
+
+def test_an_oversized_object_is_declined_but_the_tier_stays_useful(tmp_path):
+    tier = DiskTier(tmp_path / "c", size=1000)
+    assert tier.put("big", b"x" * 5000) is False
+    assert tier.put("small", b"x" * 10) is True
+
+
+_FULL_DISK = textwrap.dedent(
+    """
+    import json, logging, resource, signal, sys
+    from fastload.cache import open_cache
+    import fsspec
+    logging.basicConfig(level=logging.WARNING)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)       # writes past the limit fail with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
+    cache = open_cache({"disk": sys.argv[1]})
+    fs = fsspec.filesystem("file")
+    out = [len(cache.read(fs, p)) for p in sys.argv[2:]]
+    print(json.dumps({"sizes": out, "rejected": cache.tiers[0].stats.rejected,
+                      "origin": cache.origin_reads}))
+    """
+)
+
+
+def test_a_full_disk_turns_the_tier_into_pass_through_with_one_warning(tmp_path):
+    # A real kernel refusal: the process's file size limit makes every large write fail.
+    DiskTier(tmp_path / "c")
+    objects = []
+    for i in range(3):
+        p = tmp_path / f"obj{i}"
+        p.write_bytes(bytes([i]) * 50_000)
+        objects.append(str(p))
+    run = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK, str(tmp_path / "c"), *objects],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert result["sizes"] == [50_000] * 3 and result["origin"] == 3
+    assert result["rejected"] == 3
+    assert run.stderr.count("WARNING") == 1 and "pass-through" in run.stderr
+    assert DiskTier(tmp_path / "c").verify().checked == 0
+
+
+def test_counters_are_recorded_for_cache_stats(tmp_path):
+    tier = DiskTier(tmp_path / "c")
+    tier.put("a", b"1")
+    tier.get("a")
+    tier.get("b")
+    tier.close()
+    summary = DiskTier(tmp_path / "c", create=False).summary()
+    assert (summary["entries"], summary["hits"], summary["misses"], summary["puts"]) == (1, 1, 1, 1)
+    assert summary["hit_rate"] == 0.5
