@@ -1,0 +1,241 @@
+"""The bench report: the numbers, the limit they show, the verdict, as JSON or rich tables.
+
+Every number the verdict uses is in the report next to it: the best read rate (files/s), the
+decode capacity (images/s per core x cores), the loader's feed rate and the emulated AU.
+
+Example::
+
+    >>> report = run_bench("/data/train", gpus=4)
+    >>> report.verdict
+    'this storage feeds 3 H100s training resnet50 at >= 90% AU (measured 93%); ...'
+    >>> json.dumps(report.to_json())          # keys carry units: read_bytes_per_s, ...
+    >>> render(report, rich.console.Console())
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+import fastload
+from fastload.bench.accelerators import Emulation, largest_fed
+from fastload.bench.decode import DecodeRate
+from fastload.bench.inventory import Inventory
+from fastload.bench.throughput import RangeReads, ReadPoint, best_point
+from fastload.bench.workloads import Workload
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """Reads and emulation under one condition: "origin" (no cache), "cold" or "warm"."""
+
+    label: str
+    reads: tuple[ReadPoint, ...]
+    range_reads: RangeReads
+    probe: Emulation
+    runs: tuple[Emulation, ...]
+
+    @property
+    def best_read(self) -> ReadPoint:
+        return best_point(self.reads)
+
+    @property
+    def feed_samples_per_s(self) -> float:
+        """What the loader delivered to one accelerator that never computes."""
+        return self.probe.samples_per_s
+
+    def run_with(self, accelerators: int) -> Emulation | None:
+        return next((r for r in self.runs if r.accelerators == accelerators), None)
+
+    def largest_fed(self, work: Workload) -> tuple[int, bool]:
+        """The most accelerators kept at the AU bar, and whether an emulation run confirmed it.
+
+        The prediction from the feed rate is an upper bound; when its own run misses the bar
+        the answer is one fewer, unconfirmed.
+        """
+        predicted = largest_fed(self.feed_samples_per_s, work)
+        run = self.run_with(max(1, predicted))
+        if run is None:
+            return predicted, False
+        if run.au >= work.au_target:
+            return predicted, True
+        return max(0, predicted - 1), False
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """Everything ``fastload bench`` measured at one URL; see :func:`render` and ``to_json``."""
+
+    url: str
+    workload: Workload
+    inventory: Inventory
+    decode: tuple[DecodeRate, ...]
+    measurements: tuple[Measurements, ...]
+    cores: int
+    cache: str | None = None
+    gpus: int | None = None
+
+    @property
+    def loader_workers(self) -> int:
+        return self.measurements[0].probe.loader_workers
+
+    @property
+    def decode_cores(self) -> int:
+        """Cores the loader decodes on: its workers (the main process without workers)."""
+        return max(1, min(self.loader_workers, self.cores))
+
+    @property
+    def decode_images_per_s(self) -> float | None:
+        """Decode capacity of the loader's cores with Pillow, or None for non-image data."""
+        pillow = next((d for d in self.decode if d.engine == "pillow" and d.images), None)
+        return pillow.images_per_s_per_core * self.decode_cores if pillow else None
+
+    def limit(self, m: Measurements) -> str:
+        """What bounds the feed under ``m``: storage reads or decoding, with the numbers."""
+        best = m.best_read
+        storage = (
+            f"storage reads ({best.objects_per_s:,.0f} files/s, "
+            f"{best.read_bytes_per_s / 1e6:,.0f} MB/s at concurrency {best.concurrency})"
+        )
+        decoding = self.decode_images_per_s
+        if decoding is None or best.objects_per_s <= decoding:
+            return storage
+        return f"decoding on {self.decode_cores} cores ({decoding:,.0f} images/s)"
+
+    @property
+    def largest_accelerators(self) -> int:
+        """The answer under the first condition (no cache, or a cold cache)."""
+        return self.measurements[0].largest_fed(self.workload)[0]
+
+    @property
+    def verdict(self) -> str:
+        """One sentence: how many accelerators this storage feeds, the limit, what would help."""
+        w = self.workload
+        acc = w.accelerator.upper()
+        first = self.measurements[0]
+        n, confirmed = first.largest_fed(w)
+        bar = f">= {w.au_target:.0%} AU"
+        where = "this storage" if self.cache is None else "this storage through a cold cache"
+        if n == 0:
+            run = first.run_with(1)
+            reached = f" (one reaches {run.au:.0%})" if run else ""
+            text = f"{where} cannot keep one {acc} training {w.model} at {bar}{reached}"
+        else:
+            plural = "s" if n != 1 else ""
+            note = "" if confirmed else ", estimated from the feed rate"
+            text = f"{where} feeds {n} {acc}{plural} training {w.model} at {bar}{note}"
+        text += f"; the limit is {self.limit(first)}"
+        if self.cache is not None and len(self.measurements) > 1:
+            warm_n, _ = self.measurements[-1].largest_fed(w)
+            verb = "lifts it to" if warm_n > n else "keeps it at"
+            text += f"; --cache {self.cache} {verb} {warm_n} once warm"
+        elif self.limit(first).startswith("storage") and self.decode_images_per_s is not None:
+            ceiling = largest_fed(self.decode_images_per_s, w)
+            if ceiling > n:
+                text += (
+                    f"; a warm --cache on fast local disk could lift it to at most {ceiling} "
+                    "(the decode limit)"
+                )
+        if self.gpus is not None:
+            run = self.measurements[-1].run_with(self.gpus)
+            if run is not None:
+                text += f"; {self.gpus} {acc}s would run at {run.au:.0%} AU"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        """One JSON-ready document; every key with a unit carries it (``read_bytes_per_s``)."""
+        return {
+            "fastload_version": fastload.__version__,
+            "url": self.url,
+            "verdict": self.verdict,
+            "largest_accelerators": self.largest_accelerators,
+            "gpus": self.gpus,
+            "cache": self.cache,
+            "cores": self.cores,
+            "loader_workers": self.loader_workers,
+            "workload": self.workload.to_json(),
+            "inventory": self.inventory.to_json(),
+            "decode": [d.to_json() for d in self.decode],
+            "decode_images_per_s": self.decode_images_per_s,
+            "measurements": [self._measurements_json(m) for m in self.measurements],
+        }
+
+    def _measurements_json(self, m: Measurements) -> dict[str, Any]:
+        n, confirmed = m.largest_fed(self.workload)
+        return {
+            "condition": m.label,
+            "reads": [p.to_json() for p in m.reads],
+            "best_read_bytes_per_s": m.best_read.read_bytes_per_s,
+            "best_read_objects_per_s": m.best_read.objects_per_s,
+            "range_reads": m.range_reads.to_json(),
+            "feed_samples_per_s": m.feed_samples_per_s,
+            "emulations": [r.to_json() for r in m.runs],
+            "largest_accelerators": n,
+            "largest_accelerators_confirmed": confirmed,
+            "limit": self.limit(m),
+        }
+
+
+def render(report: BenchReport, console: Console) -> None:
+    """Print the report's tables and verdict with rich."""
+    inv = report.inventory
+    console.print(
+        f"[bold]{report.url}[/]: {inv.files:,} files, {_mb(inv.total_bytes)}, size p50 "
+        f"{_mb(inv.size_bytes_p50)} p95 {_mb(inv.size_bytes_p95)}, listed in "
+        f"{inv.listing_s:.2f} s"
+    )
+    reads = Table(title="Raw reads (whole objects)", title_justify="left")
+    for col in ("condition", "threads", "objects", "MB/s", "files/s", "p50 ms", "p95 ms", "p99 ms"):
+        reads.add_column(col, justify="right")
+    for m in report.measurements:
+        for p in m.reads:
+            j = p.to_json()
+            reads.add_row(
+                m.label, str(p.concurrency), f"{p.objects:,}", f"{p.read_bytes_per_s / 1e6:,.1f}",
+                f"{p.objects_per_s:,.0f}", f"{j['latency_ms_p50']:.2f}",
+                f"{j['latency_ms_p95']:.2f}", f"{j['latency_ms_p99']:.2f}",
+            )
+    console.print(reads)
+    for m in report.measurements:
+        r = m.range_reads
+        if r.skipped_reason:
+            console.print(f"{m.label} range reads: skipped: {r.skipped_reason}")
+        else:
+            j = r.to_json()
+            console.print(
+                f"{m.label} range reads of 4 KiB: {r.reads_per_s:,.0f}/s at {r.concurrency} "
+                f"threads, p50 {j['latency_ms_p50']:.2f} ms, p99 {j['latency_ms_p99']:.2f} ms"
+            )
+    for d in report.decode:
+        if d.skipped_reason:
+            console.print(f"decode ({d.engine}): skipped: {d.skipped_reason}")
+        else:
+            console.print(
+                f"decode+augment ({d.engine}): {d.images_per_s_per_core:,.0f} images/s per core "
+                f"x {report.decode_cores} loader cores of {report.cores}"
+            )
+    w = report.workload
+    emu = Table(
+        title=f"Emulated {w.accelerator.upper()}s training {w.model} "
+        f"({w.sample_s * 1000:.3f} ms/sample, bar {w.au_target:.0%} AU)",
+        title_justify="left",
+    )
+    for col in ("condition", "accelerators", "samples/s", "AU", "min AU", "batches"):
+        emu.add_column(col, justify="right")
+    for m in report.measurements:
+        emu.add_row(m.label, "feed probe", f"{m.feed_samples_per_s:,.0f}", "-", "-",
+                    str(sum(u.batches for u in m.probe.usage)))
+        for r in m.runs:
+            emu.add_row(
+                m.label, str(r.accelerators), f"{r.samples_per_s:,.0f}", f"{r.au:.1%}",
+                f"{min(u.au for u in r.usage):.1%}", str(sum(u.batches for u in r.usage)),
+            )
+    console.print(emu)
+    console.print(f"[bold]verdict:[/] {report.verdict}")
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n / 1e3:,.1f} KB"
