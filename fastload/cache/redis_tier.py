@@ -1,0 +1,298 @@
+"""A cache tier on Redis, shared by every node of a job: what one node fetched, others reuse.
+
+Put it below the local tiers in a cache spec; objects then come from the origin about once
+per job instead of once per node::
+
+    >>> ds = ImageFolder("s3://bucket/train", cache={"disk": "/nvme/fastload",
+    ...                                                  "redis": "redis://cache-host:6379/0"})
+
+NOTE [redis layout]
+Values are the object's raw bytes with a header (key, size, xxh64; the disk tier's entry
+format, :mod:`fastload.cache.entry`), never pickles. Redis keys are
+``<namespace>:{<xxh3 of the cache key>}:m`` for the *manifest* and ``...:c:<write id>:<n>``
+for chunks; the cache key already holds the object's URL and version (NOTE [cache keys]), so
+datasets and versions never collide, and the braces keep an entry's keys in one cluster slot.
+A value up to ``chunk_size`` (4 MiB) lives inline in its manifest: one SET, atomic. A larger
+one is written as chunks under a fresh write id first and its manifest last (SET NX), so a
+reader sees the whole value or nothing, and a concurrent writer never touches chunks that a
+reader is assembling. A reader that finds a chunk missing (evicted) treats the entry as a miss.
+
+The budget is the server's ``maxmemory``: with ``maxmemory-policy noeviction`` a full Redis
+refuses writes (a declined put, one warning: "keep" semantics); with ``allkeys-lru`` Redis
+evicts by itself. When Redis is unreachable or fails mid-run, the tier logs one warning,
+answers "miss" (reads fall through to the next tier or the origin) and does not try again for
+``retry_after`` seconds; sockets time out after ``socket_timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from fastload.cache import entry
+from fastload.cache.keys import checksum, digest
+from fastload.cache.tier import Tier
+from fastload.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_CHUNK = 4 * 2**20
+"""Bytes per chunk of a large value: far below Redis's 512 MiB value limit, small enough
+to keep one slow client from blocking the server."""
+
+_HEADER_PEEK = 64 * 2**10  # bytes of a manifest read to list its key (headers are small)
+_LEN = struct.Struct("<I")  # the entry format's header length (fastload.cache.entry)
+_FAULTS = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+class RedisTier(Tier):
+    """A shared cache tier in a Redis server (``redis://host:port/db``, ``rediss://`` for TLS).
+
+    Args:
+        url: the server's URL, as redis-py's ``Redis.from_url`` reads it.
+        namespace: prefix of every Redis key this tier writes (one Redis can serve several
+            caches); see NOTE [redis layout].
+        chunk_size: bytes per chunk of large values.
+        socket_timeout: seconds before a connect or a command counts as a failure.
+        retry_after: seconds the tier stays off after a failure before trying again.
+
+    Example::
+
+        >>> tier = RedisTier("redis://127.0.0.1:6379/0")
+        >>> tier.put("s3://b/x.jpg#v=3", b"...")
+        True
+        >>> tier.get("s3://b/x.jpg#v=3")
+        b'...'
+    """
+
+    name = "redis"
+    shared = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str = "fastload",
+        chunk_size: int = DEFAULT_CHUNK,
+        socket_timeout: float = 1.0,
+        retry_after: float = 30.0,
+    ) -> None:
+        super().__init__()
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(
+                f"redis={url!r} is not a Redis URL; write redis://host:6379/0 "
+                "(rediss:// for TLS, unix:///path/to/socket for a local socket)"
+            )
+        if chunk_size < 1024:
+            raise ConfigError(f"RedisTier chunk_size={chunk_size} bytes is too small; use >= 1024")
+        self.url = url
+        self.namespace = namespace
+        self.chunk_size = chunk_size
+        self.socket_timeout = socket_timeout
+        self.retry_after = retry_after
+        self._client: redis.Redis | None = None
+        self._pid = -1
+        self._down_until = 0.0
+        self._warned: set[str] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Sockets must not cross a fork or a pickle: each process connects on first use.
+        state = self.__dict__.copy()
+        state.update(_client=None, _pid=-1)
+        return state
+
+    def __repr__(self) -> str:
+        return f"RedisTier({self.url!r}, namespace={self.namespace!r})"
+
+    # -- connection and failure handling ---------------------------------------------------
+
+    @property
+    def client(self) -> redis.Redis:
+        if self._client is None or self._pid != os.getpid():
+            self._client = redis.Redis.from_url(
+                self.url,
+                socket_timeout=self.socket_timeout,
+                socket_connect_timeout=self.socket_timeout,
+                retry=Retry(NoBackoff(), 0),  # a failure is final here: the tier falls through
+            )
+            self._pid = os.getpid()
+        return self._client
+
+    @property
+    def available(self) -> bool:
+        """False while the tier rests after a failure (``retry_after`` seconds)."""
+        return time.monotonic() >= self._down_until
+
+    def _call(self, what: str, op: Callable[[redis.Redis], T], fallback: T) -> T:
+        """Run ``op`` on the server; a fault becomes ``fallback`` and rests the tier."""
+        if not self.available:
+            return fallback
+        try:
+            result = op(self.client)
+        except redis.OutOfMemoryError:
+            self._warn_once(
+                "oom",
+                "Redis cache %s reached its maxmemory with an eviction policy that refuses "
+                "writes; new objects are not shared from now on (raise maxmemory or set "
+                "maxmemory-policy allkeys-lru)", self.url,
+            )
+            return fallback
+        except (*_FAULTS, redis.RedisError) as exc:
+            self._down_until = time.monotonic() + self.retry_after
+            self._client = None
+            self._warn_once(
+                "down",
+                "Redis cache %s failed during %s (%s: %s); reading from the next tier or the "
+                "origin instead, retrying Redis every %.0f s. Training goes on.",
+                self.url, what, type(exc).__name__, exc, self.retry_after,
+            )
+            return fallback
+        if "down" in self._warned and "up" not in self._warned:
+            self._warned.add("up")
+            logger.info("Redis cache %s answers again", self.url)
+        return result
+
+    def _warn_once(self, kind: str, message: str, *args: Any) -> None:
+        if kind in self._warned:
+            logger.debug(message, *args)
+            return
+        self._warned.add(kind)
+        logger.warning(message, *args)
+
+    # -- keys ------------------------------------------------------------------------------
+
+    def _manifest_key(self, key: str) -> str:
+        return f"{self.namespace}:{{{digest(key)}}}:m"
+
+    def _chunk_keys(self, key: str, write_id: str, count: int) -> list[str]:
+        base = f"{self.namespace}:{{{digest(key)}}}:c:{write_id}"
+        return [f"{base}:{i}" for i in range(count)]
+
+    # -- the Tier contract -----------------------------------------------------------------
+
+    def get(self, key: str) -> bytes | None:
+        value = self._call("get", lambda r: self._read(r, key), None)
+        if value is None:
+            self.stats.misses += 1
+            return None
+        self.stats.hits += 1
+        self.stats.bytes_read += len(value)
+        return value
+
+    def _read(self, r: redis.Redis, key: str) -> bytes | None:
+        mkey = self._manifest_key(key)
+        blob = r.get(mkey)
+        if blob is None:
+            return None
+        try:
+            header, start = entry.read_header(blob)
+            if header["key"] != key:  # another key with the same 128-bit hash: a miss
+                return None
+            if "chunks" not in header:
+                return entry.decode(blob, expect_key=key)
+            parts = r.mget(self._chunk_keys(key, header["write_id"], int(header["chunks"])))
+            if any(p is None for p in parts):  # evicted under memory pressure
+                r.delete(mkey)
+                return None
+            value = b"".join(parts)
+            if len(value) != header["size"] or checksum(value) != header["xxh64"]:
+                raise entry.CorruptEntry("size or checksum of the chunks do not match")
+            return value
+        except (entry.CorruptEntry, KeyError, ValueError) as exc:
+            self.stats.corrupt += 1
+            logger.warning("dropping corrupt Redis cache entry %s (%s): %s", mkey, key, exc)
+            self._drop(r, key, blob)
+            return None
+
+    def put(self, key: str, value: bytes) -> bool:
+        stored = self._call("put", lambda r: self._write(r, key, bytes(value)), None)
+        if stored is None:
+            self.stats.rejected += 1
+            return False
+        if stored:
+            self.stats.puts += 1
+            self.stats.bytes_written += len(value)
+        return True
+
+    def _write(self, r: redis.Redis, key: str, value: bytes) -> bool:
+        """True if this call stored the value, False if an equal entry was already there."""
+        mkey = self._manifest_key(key)
+        if len(value) <= self.chunk_size:
+            return bool(r.set(mkey, entry.encode_header(key, value) + value, nx=True))
+        write_id = uuid.uuid4().hex[:16]
+        count = -(-len(value) // self.chunk_size)
+        ckeys = self._chunk_keys(key, write_id, count)
+        pipe = r.pipeline(transaction=False)
+        for i, ckey in enumerate(ckeys):
+            pipe.set(ckey, value[i * self.chunk_size : (i + 1) * self.chunk_size])
+        pipe.execute()
+        if r.set(mkey, _manifest(key, value, count, write_id), nx=True):
+            return True
+        r.delete(*ckeys)  # another writer got there first; its entry is the same object
+        return False
+
+    def delete(self, key: str) -> None:
+        def op(r: redis.Redis) -> None:
+            blob = r.get(self._manifest_key(key))
+            if blob is not None:
+                self._drop(r, key, blob)
+
+        self._call("delete", op, None)
+
+    def _drop(self, r: redis.Redis, key: str, blob: bytes) -> None:
+        names = [self._manifest_key(key)]
+        try:
+            header, _ = entry.read_header(blob)
+            if "chunks" in header:
+                names += self._chunk_keys(key, header["write_id"], int(header["chunks"]))
+        except (entry.CorruptEntry, KeyError, ValueError):
+            pass  # unreadable manifest: its chunks (if any) cannot be named, Redis may evict them
+        r.delete(*names)
+
+    def keys(self) -> Iterator[str]:
+        def op(r: redis.Redis) -> list[str]:
+            found = []
+            for mkey in r.scan_iter(match=f"{self.namespace}:{{*}}:m", count=1000):
+                head = r.getrange(mkey, 0, _HEADER_PEEK - 1)
+                try:
+                    found.append(entry.read_header(head)[0]["key"])
+                except entry.CorruptEntry:
+                    continue
+            return found
+
+        return iter(self._call("keys", op, []))
+
+    def contains(self, key: str) -> bool:
+        return bool(self._call("contains", lambda r: r.exists(self._manifest_key(key)), 0))
+
+    def maxmemory(self) -> int | None:
+        """The server's memory budget in bytes (0 = unlimited); None if it cannot be read."""
+        def op(r: redis.Redis) -> int | None:
+            return int(r.config_get("maxmemory").get("maxmemory", 0))
+
+        return self._call("maxmemory", op, None)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+        self._client = None
+
+
+def _manifest(key: str, value: bytes, chunks: int, write_id: str) -> bytes:
+    """A chunked value's manifest: an entry header with the chunk fields, no inline value."""
+    header = {"key": key, "size": len(value), "xxh64": checksum(value), "chunks": chunks,
+              "write_id": write_id}
+    raw = json.dumps(header, ensure_ascii=True).encode()
+    return entry.MAGIC + _LEN.pack(len(raw)) + raw

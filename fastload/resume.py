@@ -1,0 +1,309 @@
+"""Exact mid-epoch resumption of a :class:`fastload.DataLoader`: its state and how it is restored.
+
+``loader.state_dict()`` says where the loader is: the epoch in progress and how many batches of
+it were handed to the training loop (not how many workers have fetched ahead).
+``loader.load_state_dict(state)`` on a new loader over the same dataset continues at the next
+unseen batch, in the same order, with the same augmentations::
+
+    >>> state = loader.state_dict()            # save with the model, e.g. torch.save
+    >>> loader = DataLoader(dataset, batch_size=64, shuffle=True)
+    >>> loader.load_state_dict(state)
+    >>> for batch in loader: ...               # the rest of the interrupted epoch, then on
+
+NOTE [two ways to resume]
+*Sharded*: when the loader owns its sampler (an :class:`~fastload.sampling.EpochSampler`,
+chosen for declared datasets and under torch.distributed), the order is a pure function of
+(seed, epoch), so the state is (seed, epoch, indices consumed per rank) and the new loader
+starts at the next index without reading anything twice. Augmentations of declared datasets
+follow (seed, epoch, index) (NOTE [per-sample seeds]) and come back exactly too. This is the
+mode that survives a change of world size (see :func:`load_state_dict`).
+
+*Replay*: any other loader (torch's own RandomSampler over an arbitrary dataset, a user
+sampler or batch sampler, an IterableDataset) draws its order from torch's random generator
+when an epoch starts. The state keeps that generator's state from the epoch start (the
+loader's ``generator``, else torch's global generator); the new loader restores it just for
+building the iterator, re-reads the batches already consumed and drops them, then hands the
+user's global random state back. The order and worker seeds are exact; the cost is reading
+those batches again. Random numbers a dataset draws from the *main* process's global
+generator (``num_workers=0``) interleave with the training loop's own draws and cannot be
+replayed.
+
+NOTE [persistent workers]
+torch draws the worker seed when it builds an iterator, and with ``persistent_workers=True``
+it builds one only for the loader's first epoch, then resets it. A resumed loader therefore
+first starts its workers with the random state of the saved loader's first epoch (kept in
+the state), then begins the epoch by a reset, drawing exactly what the saved run drew. The
+order is exact; the workers' own random streams restart, so random numbers a dataset draws
+in persistent workers match only within the loader's first epoch.
+
+Out-of-order delivery (``in_order=False`` with workers) has no "next batch": saving it raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fastload import distributed
+from fastload.errors import ConfigError
+from fastload.sampling import EpochSampler
+
+if TYPE_CHECKING:
+    from fastload.loader import DataLoader
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "fastload.DataLoader/1"
+
+# State keys.
+K_FORMAT = "format"
+K_MODE = "mode"            # "sharded" or "replay" (NOTE [two ways to resume])
+K_EPOCH = "epoch"          # the epoch to continue (0-based)
+K_BATCHES = "batches"      # batches of that epoch already handed to the user (this rank)
+K_SEED = "seed"
+K_SHUFFLE = "shuffle"
+K_DROP_LAST = "drop_last"  # the sampler's: pad or drop the tail that does not split evenly
+K_SIZE = "dataset_len"
+K_WORLD = "world_size"
+K_RANK = "rank"
+K_SPAN = "span"            # [start, stop] of the epoch's permutation being consumed
+K_CONSUMED = "consumed"    # indices of this rank's shard of the span already consumed
+K_RNG = "rng_state"        # replay: the generator state at the start of the epoch
+K_RNG_SOURCE = "rng_source"  # replay: "generator" (the loader's) or "global"
+K_WARM = "first_rng_state"  # replay, persistent workers: the state when they were started
+
+SHARDED, REPLAY = "sharded", "replay"
+
+
+@dataclass
+class Progress:
+    """How far one iteration of a loader has come, counted where the user receives batches."""
+
+    epoch: int
+    batches: int = 0
+    done: bool = False
+    rng_state: torch.Tensor | None = None
+    rng_source: str = "global"
+    reused: bool = False  # torch reset its persistent iterator instead of building one
+    skip: int = 0  # the sampler's skip when this epoch started (sharded mode)
+    span: tuple[int, int] = (0, 0)
+    shard_len: int = 0
+
+
+@dataclass
+class ReplayPlan:
+    """What the next iteration must replay: restore ``rng_state``, drop ``batches`` batches."""
+
+    batches: int
+    rng_state: torch.Tensor | None  # None: the epoch had not started; use the current state
+    rng_source: str
+    warm: torch.Tensor | None = None  # start persistent workers from this state first
+
+
+def mode_of(loader: DataLoader) -> str:
+    return SHARDED if loader._owns_sampler else REPLAY
+
+
+def start_epoch(loader: DataLoader, epoch: int) -> Progress:
+    """Record what a later resume of this epoch needs, before the iterator draws anything."""
+    progress = Progress(epoch)
+    if mode_of(loader) == SHARDED:
+        sampler: EpochSampler = loader.sampler  # type: ignore[assignment]
+        start, stop, skip = sampler.span(epoch)
+        progress.span, progress.skip, progress.shard_len = (start, stop), skip, sampler.shard_len(epoch)
+    else:
+        progress.rng_state, progress.rng_source = _rng_state(loader)
+        progress.reused = _reuses_iterator(loader)
+    return progress
+
+
+def _rng_state(loader: DataLoader) -> tuple[torch.Tensor, str]:
+    if loader.generator is not None:
+        return loader.generator.get_state(), "generator"
+    return torch.get_rng_state(), "global"
+
+
+def _reuses_iterator(loader: DataLoader) -> bool:
+    """Whether torch will reset its persistent iterator (no new worker seed is drawn)."""
+    return bool(loader.persistent_workers and loader.num_workers > 0 and loader._iterations)
+
+
+def state_dict(loader: DataLoader) -> dict[str, Any]:
+    """The loader's position; see :meth:`fastload.DataLoader.state_dict`."""
+    if loader._loaded_state is not None:  # loaded but not iterated yet: still that state
+        return dict(loader._loaded_state)
+    if not loader.in_order and loader.num_workers > 0:
+        raise ConfigError(
+            "DataLoader(in_order=False) hands batches over out of order, so there is no exact "
+            "'next batch' to resume from; pass in_order=True to use state_dict()"
+        )
+    progress = loader._progress
+    if progress is None or progress.done:
+        epoch, batches = loader.epoch, 0
+    else:
+        epoch, batches = progress.epoch, progress.batches
+    state: dict[str, Any] = {K_FORMAT: FORMAT, K_MODE: mode_of(loader), K_EPOCH: epoch, K_BATCHES: batches}
+    if state[K_MODE] == SHARDED:
+        sampler: EpochSampler = loader.sampler  # type: ignore[assignment]
+        if batches:
+            assert progress is not None
+            span, consumed = progress.span, progress.skip + _indices_in(loader, progress)
+        else:
+            start, stop, skip = sampler.span(epoch)
+            span, consumed = (start, stop), skip
+        state.update({
+            K_SEED: sampler.seed, K_SHUFFLE: sampler.shuffle, K_DROP_LAST: sampler.drop_last,
+            K_SIZE: sampler.size, K_WORLD: sampler.num_replicas, K_RANK: sampler.rank,
+            K_SPAN: list(span), K_CONSUMED: consumed,
+        })
+    else:
+        in_epoch = progress is not None and not progress.done and progress.rng_state is not None
+        if in_epoch:
+            state[K_RNG] = progress.rng_state.clone()  # type: ignore[union-attr]
+        # NOTE [persistent workers]: an iterator that torch resets draws one number fewer
+        # than a new one; the resumed loader first starts its workers from the same state.
+        if (progress.reused if in_epoch else _reuses_iterator(loader)):  # type: ignore[union-attr]
+            state[K_WARM] = loader._first_rng.clone()
+        state[K_RNG_SOURCE] = _rng_state(loader)[1]
+    return state
+
+
+def _indices_in(loader: DataLoader, progress: Progress) -> int:
+    """Sampler indices behind ``progress.batches`` batches of this rank's shard."""
+    left = progress.shard_len - progress.skip
+    per_batch = loader.batch_size if loader.batch_size is not None else 1
+    return min(progress.batches * per_batch, left)
+
+
+def load_state_dict(loader: DataLoader, state: dict[str, Any]) -> None:
+    """Make the loader's next iteration continue from ``state``.
+
+    Under torch.distributed every rank must call it (it checks that the ranks agree). A state
+    saved with another world size is re-split: the samples of the epoch that no rank had
+    consumed are divided over the new ranks, each exactly once (padded or dropped to an even
+    split as the sampler's ``drop_last`` says). That needs every old rank to have stopped at
+    the same batch, as DDP training does; when the new ranks find otherwise, it raises
+    ConfigError.
+    """
+    if not isinstance(state, dict) or state.get(K_FORMAT) != FORMAT:
+        got = state.get(K_FORMAT) if isinstance(state, dict) else type(state).__name__
+        raise ConfigError(
+            f"load_state_dict() got {got!r}, not a state from fastload.DataLoader.state_dict() "
+            f"({FORMAT!r}); pass the dict that state_dict() returned"
+        )
+    mode = mode_of(loader)
+    if state[K_MODE] != mode:
+        raise ConfigError(
+            f"the state was saved by a loader resuming by {state[K_MODE]!r} but this loader "
+            f"resumes by {mode!r} (NOTE [two ways to resume] in fastload.resume): build it the "
+            "same way (same dataset type, sampler, distributed or not)"
+        )
+    epoch, batches = int(state[K_EPOCH]), int(state[K_BATCHES])
+    loader._replay = None
+    if mode == SHARDED:
+        _restore_sharded(loader, state, epoch)
+    elif K_RNG in state or K_WARM in state:
+        loader._replay = ReplayPlan(batches, state.get(K_RNG), state[K_RNG_SOURCE], state.get(K_WARM))
+    loader.epoch = epoch
+    loader._progress = None
+    loader._loaded_state = dict(state)
+
+
+def _restore_sharded(loader: DataLoader, state: dict[str, Any], epoch: int) -> None:
+    sampler: EpochSampler = loader.sampler  # type: ignore[assignment]
+    for key, mine in ((K_SIZE, sampler.size), (K_SHUFFLE, sampler.shuffle), (K_DROP_LAST, sampler.drop_last)):
+        if state[key] != mine:
+            raise ConfigError(
+                f"the saved loader had {key}={state[key]!r} but this one has {key}={mine!r}; "
+                "resume over the same dataset with the same shuffle and drop_last"
+            )
+    start, stop = (int(v) for v in state[K_SPAN])
+    consumed, old_world = int(state[K_CONSUMED]), int(state[K_WORLD])
+    info = distributed.rank_info()
+    if info.connected and info.world_size > 1:
+        peers = distributed.gather_objects((epoch, start, stop, consumed, old_world, state[K_RANK]))
+        _check_peers(peers, old_world, sampler.num_replicas)
+    sampler.seed = int(state[K_SEED])  # NOTE [one seed for all ranks]: the checkpoint's
+    if old_world == sampler.num_replicas:
+        sampler.resume(epoch, start=start, stop=stop, skip=consumed)
+        return
+    # Elastic: positions [start, start + consumed * old_world) of the span are consumed.
+    old = EpochSampler(stop - start, drop_last=sampler.drop_last, num_replicas=old_world)
+    real = min(stop - start, old.shard_len() * old_world)  # without padding, after dropping
+    new_start = start + min(consumed * old_world, real)
+    sampler.resume(epoch, start=new_start, stop=start + real)
+    logger.info(
+        "resuming epoch %d on %d ranks (saved on %d): %d samples left, split over the new ranks",
+        epoch, sampler.num_replicas, old_world, start + real - new_start,
+    )
+
+
+def _check_peers(peers: list[tuple], old_world: int, new_world: int) -> None:
+    epochs = {p[0] for p in peers}
+    if len(epochs) > 1:
+        raise ConfigError(
+            f"the ranks loaded states of different epochs {sorted(epochs)}; load the states "
+            "saved at one step of the same run"
+        )
+    if old_world == new_world:
+        return
+    positions = {p[1:4] for p in peers}
+    if len(positions) > 1:
+        raise ConfigError(
+            f"cannot resume a {old_world}-rank run on {new_world} ranks: the loaded states stop "
+            f"at different positions {sorted(positions)} (span start, stop, consumed per rank), "
+            "so fastload cannot tell which samples the missing ranks consumed. Save every rank "
+            "at the same step (as DDP training does), or resume with the same world size"
+        )
+
+
+def begin(loader: DataLoader, make_inner: Any, plan: ReplayPlan) -> tuple[Iterator[Any], list[Any]]:
+    """Build the inner iterator like the saved run did, and drop the batches it had consumed.
+
+    Returns the iterator and the first unseen item (in a list, empty at the epoch's end),
+    both pulled while the saved random state is in force (NOTE [two ways to resume]).
+    """
+    if plan.warm is not None:  # NOTE [persistent workers]
+        with _random_state(loader, plan.warm, plan.rng_source):
+            make_inner()
+        loader._first_rng = plan.warm
+    if plan.rng_state is None:
+        return make_inner(), []
+    with _random_state(loader, plan.rng_state, plan.rng_source):
+        return _pull(make_inner(), plan.batches)
+
+
+@contextlib.contextmanager
+def _random_state(loader: DataLoader, state: torch.Tensor, source: str) -> Iterator[None]:
+    """The loader's generator set to ``state``, or torch's global one just inside the block."""
+    if source == "generator":
+        if loader.generator is None:
+            raise ConfigError(
+                "the state was saved by a loader with a generator= but this one has none; "
+                "pass a torch.Generator like the saved run did"
+            )
+        loader.generator.set_state(state)
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(state)
+        yield
+
+
+def _pull(inner: Iterator[Any], batches: int) -> tuple[Iterator[Any], list[Any]]:
+    for done in range(batches):
+        if next(inner, _END) is _END:
+            raise ConfigError(
+                f"the state says {batches} batches of this epoch were consumed but the loader "
+                f"has only {done}; resume over the same dataset with the same batch_size"
+            )
+    first = next(inner, _END)
+    return inner, ([] if first is _END else [first])
+
+
+_END = object()
