@@ -1,0 +1,464 @@
+"""The DALI engine: a declared ImageFolder pipeline compiled to an NVIDIA DALI graph.
+
+:class:`fastload.DataLoader` builds a :class:`DaliEngine` when it chooses DALI (see
+:func:`fastload.backends.choose_backend`); users only see ``loader.backend == "dali"`` and
+the same batches as the torch engine would give: ``[images, labels]``, images in the
+pipeline's dtype, shape and layout, on the loader's device.
+
+Example::
+
+    >>> ds = ImageFolder("s3://bucket/train", size=224, train=True)
+    >>> loader = DataLoader(ds, batch_size=256, shuffle=True, device="cuda")   # auto -> dali
+    >>> loader.backend, loader.backend_reason
+    ('dali', 'dali: CUDA GPU and nvidia-dali found; JPEGs decode on the GPU (nvJPEG)')
+
+NOTE [one plan, two engines]
+The order of an epoch and every augmentation come from the loader's sampler and the
+per-sample seeds (NOTE [per-sample seeds] in sampling.py), never from DALI's own random
+operators. For each sample a read thread fetches the bytes through ``dataset.read_bytes``
+(fastload's storage and cache), reads the image size from the header with Pillow (no pixel
+decode), and runs :meth:`ImagePipeline.plan` with the sample's seed: the same crop box,
+output size and flip the torch engine computes. The DALI graph then does the pixel work:
+
+    external_source (bytes, slice, ROI, size, flip)      one batch per call, in order
+      -> decoders.image_slice   decode only the crop box (plus a filter margin); "mixed" on a GPU
+      -> resize                 the fractional box (ROI) to the output size, antialiased linear
+      -> crop_mirror_normalize  flip, layout CHW/HWC, uint8 or normalized float32
+
+So labels, order, crops and flips are identical between engines and only resampling differs
+(see docs/dali.md for the measured difference). DALI's own file reader is not used: the plan
+needs each file's header and seed in Python anyway, so reading the bytes there once is
+cheaper than letting DALI read every file a second time, and it keeps the cache in the path.
+
+NOTE [finding the bad file]
+DALI reports a failed decode as one generic ``RuntimeError`` for the whole batch and its
+pipeline is unusable afterwards. The engine keeps the bytes of every batch in flight, so on
+such an error it decodes those bytes with Pillow (``Image.load()``) to find which samples
+are corrupt: ``on_error="raise"`` raises :class:`CorruptSampleError` for the first one,
+``"skip"`` records them, rebuilds the pipeline and feeds the batches in flight again
+without them. The error is never classified by its message text.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from multiprocessing.pool import AsyncResult, ThreadPool
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from nvidia.dali import fn, types
+from nvidia.dali.pipeline import Pipeline
+from nvidia.dali.plugin.pytorch import feed_ndarray
+from PIL import Image
+
+from fastload import batchinfo
+from fastload.backends import gpu_decoding
+from fastload.errors import BackendError, ObjectNotFoundError, SampleError
+from fastload.images import _DECODE_ERRORS, ImageFolder
+from fastload.pipeline import Plan
+
+logger = logging.getLogger(__name__)
+
+READ_THREADS = 8
+"""Threads fetching bytes and headers; reads release the GIL, so this covers remote latency.
+
+They are ``multiprocessing.pool.ThreadPool`` threads: daemon threads, so an epoch the user
+abandons never keeps the process alive while it waits to be garbage-collected."""
+
+PIPELINE_DEPTH = 2
+"""Batches DALI works on ahead of the one being consumed (its ``prefetch_queue_depth``)."""
+
+_TORCH_DTYPES = {types.UINT8: torch.uint8, types.FLOAT: torch.float32}
+
+
+@dataclass
+class _Sample:
+    """One sample read and planned, waiting for DALI: its bytes stay until its batch is out."""
+
+    index: int
+    label: int
+    data: np.ndarray  # encoded bytes, uint8
+    plan: Plan
+    width: int
+    height: int
+    fetch_s: float
+
+
+@dataclass
+class _Slot:
+    """One batch of the sampler, in order: fed to DALI, or all skipped, or failed."""
+
+    samples: list[_Sample]
+    info: batchinfo.BatchInfo = field(default_factory=batchinfo.BatchInfo)
+    error: BaseException | None = None
+
+    @property
+    def fed(self) -> bool:
+        return self.error is None and bool(self.samples)
+
+
+def _prepare(dataset: ImageFolder, index: int) -> _Sample:
+    """Fetch one sample's bytes and plan its geometry (runs in a read thread)."""
+    start = time.perf_counter()
+    data = dataset.read_bytes(index)
+    fetched = time.perf_counter()
+    try:
+        with Image.open(io.BytesIO(data)) as img:  # parses the header only
+            width, height = img.size
+    except _DECODE_ERRORS as exc:
+        raise dataset.corrupt(index, exc) from exc
+    plan = dataset.pipeline.plan(width, height, random.Random(dataset.sample_seed(index)))
+    label = dataset.samples[index][1]
+    return _Sample(int(index), label, np.frombuffer(data, np.uint8), plan, width, height, fetched - start)
+
+
+class _Reader:
+    """Reads and plans the sampler's batches a few batches ahead, on a thread pool."""
+
+    def __init__(self, dataset: ImageFolder, batches: Iterable[list[int]], ahead: int) -> None:
+        self._dataset = dataset
+        self._batches = iter(batches)
+        self._ahead = ahead
+        self._pool = ThreadPool(READ_THREADS)
+        self._queue: deque[list[tuple[int, AsyncResult[_Sample]]]] = deque()
+        self._exhausted = False
+
+    def _fill(self) -> None:
+        while not self._exhausted and len(self._queue) < self._ahead:
+            try:
+                batch = next(self._batches)
+            except StopIteration:
+                self._exhausted = True
+                return
+            self._queue.append(
+                [(i, self._pool.apply_async(_prepare, (self._dataset, i))) for i in batch]
+            )
+
+    def next_slot(self) -> _Slot | None:
+        """The next batch, read; None at the end of the epoch."""
+        self._fill()
+        if not self._queue:
+            return None
+        pending = self._queue.popleft()
+        self._fill()
+        slot = _Slot([])
+        for index, result in pending:
+            try:
+                slot.samples.append(result.get())
+            except (SampleError, ObjectNotFoundError) as exc:
+                if self._dataset.on_error == "raise":
+                    slot.error = exc
+                    break
+                path = getattr(exc, "path", None) or self._dataset.samples[index][0]
+                slot.info.skipped.append(batchinfo.Skipped(int(index), path, str(exc)))
+                logger.debug("skipped sample %d (%s): %s", int(index), path, exc)
+            except Exception as exc:  # storage down, a bug: raised when the loop reaches it
+                slot.error = exc
+                break
+        slot.info.fetch_s = sum(s.fetch_s for s in slot.samples)
+        return slot
+
+    def close(self) -> None:
+        self._queue.clear()
+        self._pool.terminate()  # drops reads not started; waits for the ones running
+        self._pool.join()
+
+
+class _Feed:
+    """DALI's external source: hands DALI the next non-empty batch and remembers every slot.
+
+    ``pending`` holds, in sampler order, every slot DALI has pulled and the loop has not yet
+    yielded, including the ones that are not fed to DALI (all skipped, or failed); DALI's
+    outputs come back in the order of the fed ones.
+    """
+
+    def __init__(self, reader: _Reader) -> None:
+        self._reader = reader
+        self.pending: deque[_Slot] = deque()
+        self._replay: deque[_Slot] = deque()
+        self.done = False
+
+    def replay(self) -> None:
+        """Hand every pending slot to DALI again (after a pipeline was rebuilt)."""
+        self._replay = deque(self.pending) + self._replay
+        self.pending.clear()
+        self.done = False
+
+    def _next_slot(self) -> _Slot | None:
+        return self._replay.popleft() if self._replay else self._reader.next_slot()
+
+    def __call__(self) -> tuple[list[np.ndarray], ...]:
+        while True:
+            slot = self._next_slot()
+            if slot is None:
+                self.done = True
+                raise StopIteration
+            self.pending.append(slot)
+            if slot.fed:
+                return _columns(slot.samples)
+
+
+def _columns(samples: list[_Sample]) -> tuple[list[np.ndarray], ...]:
+    """The external source's seven per-sample inputs of a batch (see :func:`_graph`)."""
+    data, anchor, shape, roi_start, roi_end, size, flip = [], [], [], [], [], [], []
+    for s in samples:
+        left, top, right, bottom = s.plan.box
+        # A margin of the filter's reach keeps the resampling at the crop's edge like Pillow's,
+        # which reads pixels outside its box too.
+        margin = math.ceil(max(1.0, (right - left) / s.plan.out_w, (bottom - top) / s.plan.out_h)) + 1
+        x0, y0 = max(0, math.floor(left) - margin), max(0, math.floor(top) - margin)
+        x1, y1 = min(s.width, math.ceil(right) + margin), min(s.height, math.ceil(bottom) + margin)
+        data.append(s.data)
+        anchor.append(np.array([x0, y0], np.float32))  # (x, y): axis_names="WH"
+        shape.append(np.array([x1 - x0, y1 - y0], np.float32))
+        roi_start.append(np.array([top - y0, left - x0], np.float32))  # (y, x): shape order
+        roi_end.append(np.array([bottom - y0, right - x0], np.float32))
+        size.append(np.array([s.plan.out_h, s.plan.out_w], np.float32))
+        flip.append(np.array(int(s.plan.flip), np.int32))
+    return data, anchor, shape, roi_start, roi_end, size, flip
+
+
+def _graph(dataset: ImageFolder, feed: _Feed, *, batch_size: int, num_threads: int,
+           device_id: int | None) -> Pipeline:
+    """The DALI pipeline of ``dataset.pipeline``: decode the box, resize, flip, layout, dtype."""
+    pipe = Pipeline(
+        batch_size=batch_size,
+        num_threads=num_threads,
+        device_id=device_id,
+        prefetch_queue_depth=PIPELINE_DEPTH,
+    )
+    norm = dataset.pipeline.normalize
+    with pipe:
+        data, anchor, shape, roi_start, roi_end, size, flip = fn.external_source(
+            source=feed, num_outputs=7, batch=True,
+            dtype=[types.UINT8] + [types.FLOAT] * 5 + [types.INT32],
+        )
+        images = fn.decoders.image_slice(
+            data, anchor, shape,
+            device="mixed" if device_id is not None else "cpu",
+            output_type=types.RGB,
+            axis_names="WH",
+            normalized_anchor=False,
+            normalized_shape=False,
+            adjust_orientation=False,  # Pillow (the torch engine) ignores EXIF orientation too
+        )
+        images = fn.resize(
+            images, size=size, roi_start=roi_start, roi_end=roi_end,
+            interp_type=types.INTERP_LINEAR, antialias=True,
+        )
+        images = fn.crop_mirror_normalize(
+            images,
+            mirror=flip,
+            output_layout=dataset.pipeline.layout,
+            dtype=types.FLOAT if norm is not None else types.UINT8,
+            mean=[m * 255.0 for m in norm.mean] if norm is not None else [0.0],
+            std=[s * 255.0 for s in norm.std] if norm is not None else [1.0],
+        )
+        pipe.set_outputs(images)
+    pipe.build()
+    return pipe
+
+
+class DaliEngine:
+    """Runs a declared :class:`ImageFolder` on DALI with the loader's batches and device.
+
+    Args:
+        dataset: the declared dataset (its pipeline as the loader runs it: without
+            Normalize when the loader normalizes on the device).
+        batch_sampler: the loader's batch sampler; iterated once per epoch, so order,
+            drop_last, sharding and resume are the sampler's.
+        batch_size: the largest batch; None if a user batch sampler decides.
+        device: where batches go (None: host memory, like torch).
+        num_threads: DALI's CPU threads.
+        pin_memory: put host batches in pinned memory.
+
+    Example::
+
+        >>> engine = DaliEngine(ds, loader.batch_sampler, batch_size=64, device=None)
+        >>> images, labels = next(iter(engine.epoch())).batch
+    """
+
+    def __init__(
+        self,
+        dataset: ImageFolder,
+        batch_sampler: Iterable[list[int]],
+        *,
+        batch_size: int | None,
+        device: torch.device | None,
+        num_threads: int = 1,
+        pin_memory: bool = False,
+    ) -> None:
+        self.dataset = dataset
+        self.batch_sampler = batch_sampler
+        self.batch_size = batch_size
+        self.device = device
+        self.num_threads = max(1, num_threads)
+        self.pin_memory = pin_memory and torch.cuda.is_available() and device is None
+        self.device_id: int | None = None
+        if gpu_decoding(device, None):
+            self.device_id = device.index if device is not None and device.index is not None \
+                else torch.cuda.current_device()
+        logger.info(
+            "DALI engine: %s decoding, %d threads",
+            f"GPU {self.device_id} (mixed)" if self.device_id is not None else "CPU", self.num_threads,
+        )
+
+    def epoch(self) -> DaliEpoch:
+        """An iterator over one epoch's batches, each a :class:`batchinfo.Envelope`."""
+        return DaliEpoch(self)
+
+    def _build(self, feed: _Feed, batch_size: int) -> Pipeline:
+        return _graph(self.dataset, feed, batch_size=batch_size, num_threads=self.num_threads,
+                      device_id=self.device_id)
+
+    def _to_torch(self, images: Any) -> torch.Tensor:
+        """Copy DALI's output batch into a new torch tensor on the loader's device."""
+        if self.device_id is not None and (self.device is None or self.device.type != "cuda"):
+            images = images.as_cpu()
+        if not images.is_dense_tensor():
+            # Only a CenterCrop larger than an image gives mixed sizes; torch's collate
+            # fails on them the same way.
+            if hasattr(images, "as_cpu"):
+                images = images.as_cpu()
+            return torch.stack([torch.from_numpy(np.array(images[i])) for i in range(len(images))])
+        tensor = images.as_tensor()
+        dtype = _TORCH_DTYPES[tensor.dtype]
+        if self.device_id is not None and self.device is not None and self.device.type == "cuda":
+            out = torch.empty(tensor.shape(), dtype=dtype, device=self.device)
+            return feed_ndarray(tensor, out, cuda_stream=torch.cuda.current_stream(self.device))
+        out = torch.empty(tensor.shape(), dtype=dtype, pin_memory=self.pin_memory)
+        return feed_ndarray(tensor, out)
+
+
+class DaliEpoch(Iterator[batchinfo.Envelope]):
+    """One epoch on DALI: yields envelopes in sampler order; ``len()`` is the batch count.
+
+    A fresh DALI pipeline serves each epoch (building one takes milliseconds), so an epoch
+    abandoned half-way leaves nothing behind for the next.
+    """
+
+    def __init__(self, engine: DaliEngine) -> None:
+        self._engine = engine
+        batches: Iterable[list[int]] = engine.batch_sampler
+        self._len = len(batches)  # type: ignore[arg-type]
+        self._batch_size = engine.batch_size
+        if self._batch_size is None:  # a user batch sampler: its largest batch sizes DALI
+            batches = list(batches)
+            self._batch_size = max((len(b) for b in batches), default=1)
+        self._reader = _Reader(engine.dataset, batches, ahead=PIPELINE_DEPTH + 1)
+        self._feed = _Feed(self._reader)
+        self._pipe: Pipeline | None = None
+        self._gen = self._run()
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> DaliEpoch:
+        return self
+
+    def __next__(self) -> batchinfo.Envelope:
+        return next(self._gen)
+
+    def close(self) -> None:
+        """Stop the read threads and drop the pipeline (also done at the end of the epoch)."""
+        self._gen.close()
+
+    def __del__(self) -> None:
+        self._gen.close()
+
+    def _start(self) -> None:
+        self._pipe = self._engine._build(self._feed, self._batch_size or 1)
+        self._pipe.schedule_run()  # pulls the first PIPELINE_DEPTH batches from the feed
+
+    def _run(self) -> Iterator[batchinfo.Envelope]:
+        feed = self._feed
+        try:
+            self._start()
+            first = True
+            while True:
+                while feed.pending and not feed.pending[0].fed:
+                    slot = feed.pending.popleft()
+                    if slot.error is not None:
+                        raise slot.error
+                    yield batchinfo.Envelope(None, slot.info)
+                if not feed.pending:
+                    if feed.done:
+                        return
+                    self._pipe.schedule_run()
+                    continue
+                if not first:
+                    self._pipe.schedule_run()  # keep PIPELINE_DEPTH batches in flight
+                first = False
+                start = time.perf_counter()
+                try:
+                    (images,) = self._pipe.outputs()
+                except RuntimeError as exc:
+                    self._recover(exc)
+                    first = True
+                    continue
+                waited = time.perf_counter() - start
+                slot = feed.pending.popleft()
+                converted = time.perf_counter()
+                batch = [
+                    self._engine._to_torch(images),
+                    torch.tensor([s.label for s in slot.samples], dtype=torch.int64),
+                ]
+                slot.info.decode_s = waited
+                slot.info.collate_s = time.perf_counter() - converted
+                slot.info.samples = len(slot.samples)
+                yield batchinfo.Envelope(batch, slot.info)
+        finally:
+            self._pipe = None
+            self._reader.close()
+
+    def _recover(self, exc: RuntimeError) -> None:
+        """DALI failed on a batch in flight: find the corrupt samples with Pillow, then
+        raise, or drop them and rebuild the pipeline (NOTE [finding the bad file])."""
+        dataset = self._engine.dataset
+        self._pipe = None  # a DALI pipeline is unusable after an error
+        found = False
+        for slot in self._feed.pending:
+            if not slot.fed:
+                continue
+            kept = []
+            for sample in slot.samples:
+                problem = _pillow_decode_error(sample.data)
+                if problem is None:
+                    kept.append(sample)
+                    continue
+                found = True
+                error = dataset.corrupt(sample.index, problem)
+                if dataset.on_error == "raise":
+                    raise error from exc
+                slot.info.skipped.append(
+                    batchinfo.Skipped(sample.index, dataset.samples[sample.index][0], str(error))
+                )
+            slot.samples = kept
+        if not found:
+            first = next(s for s in self._feed.pending if s.fed).samples[0]
+            raise BackendError(
+                f"DALI failed on a batch whose images Pillow decodes (first: "
+                f"{dataset.storage.to_url(dataset.samples[first.index][0])}, index {first.index}): "
+                f"{exc}. Run this dataset with backend='torch'."
+            ) from exc
+        logger.info("DALI pipeline rebuilt after skipping corrupt samples")
+        self._feed.replay()
+        self._start()
+
+
+def _pillow_decode_error(data: np.ndarray) -> BaseException | None:
+    """Why Pillow cannot decode these bytes, or None if it can."""
+    try:
+        with Image.open(io.BytesIO(data.tobytes())) as img:
+            img.load()
+    except _DECODE_ERRORS as exc:
+        return exc
+    return None
