@@ -9,6 +9,7 @@ Example::
 """
 
 from fastload.errors import (
+    BackendError,
     BackendUnavailable,
     CacheError,
     ConfigError,
@@ -16,12 +17,14 @@ from fastload.errors import (
     DatasetError,
     EmptyDatasetError,
     FastloadError,
+    MissingDependencyError,
     ObjectNotFoundError,
     SampleError,
     StorageError,
 )
 from fastload.images import ImageFolder
 from fastload.loader import DataLoader
+from fastload.meter import StarvationMeter, measure
 from fastload.pipeline import (
     CenterCrop,
     HorizontalFlip,
@@ -37,6 +40,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AUTO",
+    "BackendError",
     "BackendUnavailable",
     "CacheError",
     "CenterCrop",
@@ -52,12 +56,15 @@ __all__ = [
     "ImagePipeline",
     "LoaderSettings",
     "Machine",
+    "MissingDependencyError",
     "Normalize",
     "ObjectNotFoundError",
     "RandomResizedCrop",
     "Resize",
     "SampleError",
     "Setting",
+    "StarvationMeter",
     "StorageError",
     "__version__",
+    "measure",
 ]

@@ -12,6 +12,8 @@ import sys
 import click
 
 import fastload
+from fastload.commands.bench import bench as bench_command
+from fastload.commands.cache import cache as cache_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,6 +23,10 @@ def cli(verbose: int) -> None:
     """fastload: keep GPUs fed. Measure storage, warm caches, find input bottlenecks."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+
+
+cli.add_command(bench_command)
+cli.add_command(cache_command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,8 @@ meaning that callers already test for (``ValueError`` for a bad argument,
     FastloadError
     ├── ConfigError (ValueError)          a bad argument or setting; the message says the fix
     ├── BackendUnavailable (RuntimeError) an engine was forced where it cannot run
+    ├── BackendError (RuntimeError)      an engine (DALI) failed below fastload
+    ├── MissingDependencyError (ImportError) an optional package (an extra) is not installed
     ├── DatasetError                      a dataset cannot be listed or read
     │   ├── EmptyDatasetError (ValueError)
     │   └── SampleError                   one sample failed; names its file and index
@@ -33,6 +35,14 @@ class ConfigError(FastloadError, ValueError):
 
 class BackendUnavailable(FastloadError, RuntimeError):
     """An engine was requested explicitly (``backend="dali"``) where it cannot run."""
+
+
+class BackendError(FastloadError, RuntimeError):
+    """An engine failed below fastload on data fastload can read (the engine's error is the cause)."""
+
+
+class MissingDependencyError(FastloadError, ImportError):
+    """An optional feature needs a package that is not installed; the message says which extra."""
 
 
 class DatasetError(FastloadError):

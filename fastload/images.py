@@ -32,6 +32,7 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from fastload import batchinfo
+from fastload.cache import open_cache
 from fastload.errors import (
     ConfigError,
     CorruptSampleError,
@@ -63,7 +64,9 @@ class ImageFolder(Dataset):
         normalize: True for ImageNet mean/std, a :class:`Normalize`, or False for uint8.
             On a loader with ``device=`` set it runs on that device, batched.
         pipeline: a full :class:`ImagePipeline`, instead of ``size/train/normalize``.
-        cache: where bytes are cached (``None`` reads the origin every time).
+        cache: where bytes are cached: a directory (``"~/.cache/fastload"``), a dict or
+            :class:`~fastload.cache.CacheConfig` (memory and disk sizes, policy), or
+            ``None`` to read the origin every time. See docs/cache.md.
         on_error: "raise" (default) fails on a corrupt or missing image, naming the file and
             index; "skip" drops it from its batch, counts it and reports it at the epoch end.
         seed: seed of the random augmentations; None follows ``torch.manual_seed``.
@@ -107,12 +110,7 @@ class ImageFolder(Dataset):
 
     @staticmethod
     def _open_storage(url: str, storage_options: dict[str, Any] | None, cache: Any) -> Storage:
-        if cache is not None:
-            raise ConfigError(
-                "ImageFolder(cache=...) needs the cache layer, which this build does not have; "
-                "pass cache=None"
-            )
-        return Storage(url, storage_options)
+        return Storage(url, storage_options, cache=open_cache(cache))
 
     @property
     def root(self) -> str:
@@ -162,26 +160,39 @@ class ImageFolder(Dataset):
 
     def load(self, index: int) -> tuple[torch.Tensor, int]:
         """Read and transform one sample; errors name the file and the index."""
-        path, label = self.samples[index]
+        label = self.samples[index][1]
         start = time.perf_counter()
-        try:
-            data = self.storage.read(path)
-        except ObjectNotFoundError as exc:
-            raise ObjectNotFoundError(
-                f"image {self.storage.to_url(path)} (index {int(index)}) is missing: {exc}"
-            ) from exc
+        data = self.read_bytes(index)
         fetched = time.perf_counter()
         try:
             image = self.pipeline.run(data, self.sample_seed(index))
         except _DECODE_ERRORS as exc:
-            raise CorruptSampleError(
-                f"cannot decode image {self.storage.to_url(path)} (index {int(index)}): {exc}. "
-                "Replace or remove the file, or pass on_error='skip' to skip and count it.",
-                index=int(index),
-                path=path,
-            ) from exc
+            raise self.corrupt(index, exc) from exc
         batchinfo.record(fetched - start, time.perf_counter() - fetched, 1)
         return image, label
+
+    def read_bytes(self, index: int) -> bytes:
+        """The encoded bytes of sample ``index``; a missing file's error names it and the index.
+
+        Every engine reads through here, so the storage (and its cache) sees each read.
+        """
+        path = self.samples[index][0]
+        try:
+            return self.storage.read(path)
+        except ObjectNotFoundError as exc:
+            raise ObjectNotFoundError(
+                f"image {self.storage.to_url(path)} (index {int(index)}) is missing: {exc}"
+            ) from exc
+
+    def corrupt(self, index: int, exc: BaseException) -> CorruptSampleError:
+        """The error for sample ``index`` whose bytes do not decode (``exc`` says why)."""
+        path = self.samples[index][0]
+        return CorruptSampleError(
+            f"cannot decode image {self.storage.to_url(path)} (index {int(index)}): {exc}. "
+            "Replace or remove the file, or pass on_error='skip' to skip and count it.",
+            index=int(index),
+            path=path,
+        )
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.load(index)

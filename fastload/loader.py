@@ -21,27 +21,36 @@ Example::
 
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 import torch.utils.data
 from torch.utils.data import Dataset, IterableDataset, Sampler
 from torch.utils.data.dataloader import default_collate, default_convert
 
-from fastload import batchinfo
+from fastload import batchinfo, distributed, resume
+from fastload.backends import Backend, Choice, choose_backend, engine_class
+from fastload.cache import prefetch
 from fastload.device import DeviceFeeder, resolve_device
+from fastload.errors import ConfigError
 from fastload.images import ImageFolder
+from fastload.meter import StarvationMeter
 from fastload.sampling import EpochSampler
 from fastload.settings import AUTO, LoaderSettings, resolve_settings
 
 logger = logging.getLogger(__name__)
 
 Auto = Literal["auto"]
+T_co = TypeVar("T_co", covariant=True)
 
 
-class DataLoader(torch.utils.data.DataLoader):
+# Generic like torch's, so annotations such as ``DataLoader[list[Tensor]]`` keep working.
+class DataLoader(torch.utils.data.DataLoader[T_co]):
     """A drop-in ``torch.utils.data.DataLoader`` whose unset knobs are tuned to the machine.
 
     Every argument of torch's DataLoader is accepted with the same meaning. The four tunables
@@ -51,11 +60,22 @@ class DataLoader(torch.utils.data.DataLoader):
     Args:
         device: put batches on this device ("cuda", "cuda:1", "cpu"); None leaves them on
             the host like torch. On CUDA the copy runs one batch ahead on a side stream.
+        meter: the starvation meter (:mod:`fastload.meter`): True (default) attaches a new
+            one, a :class:`~fastload.meter.StarvationMeter` is used as given, False turns it
+            off (iteration then only counts batches for state_dict() around torch's iterator).
+        backend: the engine, "auto" (default), "torch" or "dali" (:mod:`fastload.backends`):
+            auto runs a declared ImageFolder on DALI when nvidia-dali and a CUDA GPU are
+            present, else on torch workers; a forced "dali" that cannot run raises
+            :class:`~fastload.errors.BackendUnavailable` saying why.
 
     Attributes:
         settings: the resolved :class:`~fastload.settings.LoaderSettings` with reasons.
         epoch: how many times iteration has started (the current epoch is ``epoch - 1``).
         skipped: samples skipped in the last epoch under ``on_error="skip"``.
+        meter: the :class:`~fastload.meter.StarvationMeter`, or None with ``meter=False``;
+            ``print(loader.meter.summary())`` says whether the loop waited for data and why.
+        backend: the engine that runs the epochs, "torch" or "dali".
+        backend_reason: why that engine was chosen ("torch: no CUDA GPU, ...").
 
     Example::
 
@@ -86,8 +106,15 @@ class DataLoader(torch.utils.data.DataLoader):
         pin_memory_device: str = "",
         in_order: bool = True,
         device: str | torch.device | None = None,
+        meter: bool | StarvationMeter = True,
+        backend: Backend = "auto",
     ) -> None:
         target = resolve_device(device)
+        # The engine is chosen from what the user passed, before fastload wraps collate_fn.
+        choice = choose_backend(
+            backend, dataset, device=target, batched=batch_size is not None or batch_sampler is not None,
+            collate_fn=collate_fn, worker_init_fn=worker_init_fn,
+        )
         settings = resolve_settings(
             dataset,
             num_workers=num_workers,
@@ -97,15 +124,22 @@ class DataLoader(torch.utils.data.DataLoader):
             device=target,
         )
         declared = isinstance(dataset, ImageFolder)
+        ranks = distributed.rank_info()
+        owns_sampler = sampler is None and batch_sampler is None and (
+            declared or (ranks.distributed and not isinstance(dataset, IterableDataset))
+        )
+        if owns_sampler:
+            # The sampler owns the epoch order, the rank's shard (NOTE [one seed for all ranks])
+            # and the per-sample seeds of declared datasets (NOTE [per-sample seeds]).
+            sampler = EpochSampler(
+                dataset, shuffle=bool(shuffle),
+                seed=distributed.agree_seed(_base_seed(dataset, generator), ranks),
+                num_replicas=ranks.world_size, rank=ranks.rank, drop_last=drop_last,
+                tag_seeds=declared,
+            )
+            shuffle = None
         feeder = None
         if declared:
-            # The sampler owns the epoch order and the per-sample seeds (NOTE [per-sample seeds]).
-            if sampler is None and batch_sampler is None:
-                sampler = EpochSampler(
-                    dataset, shuffle=bool(shuffle), seed=_base_seed(dataset, generator),
-                    tag_seeds=True,
-                )
-                shuffle = None
             collate_fn = batchinfo.CollateWithInfo(
                 collate_fn or (default_collate if (batch_size or batch_sampler) else default_convert)
             )
@@ -140,52 +174,183 @@ class DataLoader(torch.utils.data.DataLoader):
         self.skipped: list[batchinfo.Skipped] = []
         self._feeder = feeder
         self._declared = declared
+        self._owns_sampler = owns_sampler  # only its own sampler gets set_epoch and resume
+        self._progress: resume.Progress | None = None
+        self._replay: resume.ReplayPlan | None = None
+        self._loaded_state: dict[str, Any] | None = None
+        self._iterations = 0  # iterators this object has started (torch reuses persistent ones)
+        self._first_rng: torch.Tensor | None = None  # NOTE [persistent workers]
+        self.meter: StarvationMeter | None = _attach_meter(meter, self, settings, target)
+        self.backend: str = choice.name
+        self.backend_reason: str = choice.reason
+        self._engine = _build_engine(choice, self, settings, target)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        if isinstance(self.sampler, EpochSampler):
+        if self._owns_sampler:
             self.sampler.set_epoch(self.epoch)
+        progress = resume.start_epoch(self, self.epoch)
         self.epoch += 1
-        inner = super().__iter__()
-        if not self._declared and self._feeder is None:
-            return inner
-        return LoaderIterator(self, inner)
+        plan, self._replay, self._loaded_state = self._replay, None, None
+        if self._first_rng is None:
+            self._first_rng = progress.rng_state
+        first: list[Any] = []
+        if plan is None:
+            inner = self._epoch_batches()
+        else:  # NOTE [two ways to resume]: replay
+            inner, first = resume.begin(self, self._epoch_batches, plan)
+            progress.batches = plan.batches
+            if plan.rng_state is not None:
+                progress.rng_state = plan.rng_state
+            progress.reused = plan.warm is not None
+        self._iterations += 1
+        self._progress = progress
+        return LoaderIterator(self, inner, progress, first)
+
+    def _epoch_batches(self) -> Iterator[Any]:
+        """This epoch's batches from the chosen engine: torch's iterator, or the DALI engine's."""
+        return self._engine.epoch() if self._engine is not None else super().__iter__()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is: the epoch in progress and the batches already handed out.
+
+        Save it with the model; :meth:`load_state_dict` on a new loader continues at the next
+        unseen batch, in the same order, with the same augmentations (:mod:`fastload.resume`).
+
+        Example::
+
+            >>> torch.save({"model": model.state_dict(), "data": loader.state_dict()}, path)
+        """
+        return resume.state_dict(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`; the next ``iter(loader)`` resumes mid-epoch.
+
+        Under torch.distributed every rank calls it; a different world size re-splits what is
+        left of the epoch over the new ranks (see :func:`fastload.resume.load_state_dict`).
+
+        Example::
+
+            >>> loader.load_state_dict(torch.load(path)["data"])
+        """
+        resume.load_state_dict(self, state_dict)
 
 
-def _base_seed(dataset: ImageFolder, generator: torch.Generator | None) -> int:
-    """The seed of a declared dataset's order and augmentation.
+def _build_engine(
+    choice: Choice, loader: DataLoader, settings: LoaderSettings, device: torch.device | None
+) -> Any:
+    """The optional engine that runs the loader's epochs (None: torch's own iterator)."""
+    if choice.name == "torch":
+        return None
+    return engine_class(choice.name)(
+        loader.dataset, loader.batch_sampler, batch_size=loader.batch_size, device=device,
+        num_threads=settings.num_workers.value, pin_memory=settings.pin_memory.value,
+    )
+
+
+def _attach_meter(
+    meter: bool | StarvationMeter,
+    loader: DataLoader,
+    settings: LoaderSettings,
+    device: torch.device | None,
+) -> StarvationMeter | None:
+    """The loader's meter, told what the diagnosis needs: workers, machine, device."""
+    if meter is False:
+        return None
+    if meter is True:
+        meter = StarvationMeter()
+    elif not isinstance(meter, StarvationMeter):
+        raise ConfigError(
+            f"DataLoader(meter={meter!r}): expected True, False or a "
+            "fastload.meter.StarvationMeter"
+        )
+    meter.num_workers = settings.num_workers.value
+    meter.machine = meter.machine or settings.machine
+    if loader.batch_size is None and loader.batch_sampler is None:
+        meter.batch_size = 1  # torch yields single samples
+    if device is not None and device.type == "cuda":
+        meter.on_device = True
+        if meter.gpu is None:
+            meter.gpu = True
+    meter.copy_split = loader._feeder is not None
+    return meter
+
+
+def _base_seed(dataset: Dataset, generator: torch.Generator | None) -> int:
+    """The seed of an epoch-seeded order (and of a declared dataset's augmentation).
 
     ``torch.initial_seed()`` follows ``torch.manual_seed`` without consuming random numbers,
     so a fastload loader leaves torch's global random stream exactly where torch would.
     """
-    if dataset.seed is not None:
-        return dataset.seed
+    seed = dataset.seed if isinstance(dataset, ImageFolder) else None
+    if seed is not None:
+        return seed
     return generator.initial_seed() if generator is not None else torch.initial_seed()
 
 
 class LoaderIterator(Iterator[Any]):
-    """The iterator of a fastload loader: unwraps worker envelopes, feeds the device.
+    """The iterator of a fastload loader: unwraps worker envelopes, feeds the device, meters.
 
     Attributes it does not define are read from torch's iterator underneath, so code that
-    inspects ``_workers`` or calls ``_shutdown_workers()`` keeps working.
+    inspects ``_workers`` or calls ``_shutdown_workers()`` keeps working. For a plain
+    dataset without ``device=`` it calls torch's iterator directly (no generator between),
+    so errors and ``StopIteration`` behave exactly as torch's.
     """
 
-    def __init__(self, loader: DataLoader, inner: Iterator[Any]) -> None:
+    def __init__(
+        self,
+        loader: DataLoader,
+        inner: Iterator[Any],
+        progress: resume.Progress | None = None,
+        first: list[Any] | None = None,
+    ) -> None:
         self._loader = loader
         self._inner = inner
+        self._meter = loader.meter
+        # NOTE [two ways to resume]: batches count when the user gets them; _unwrap records how
+        # many of torch's items each one stands for (an all-skipped batch is never handed out).
+        self._progress = progress or resume.Progress(loader.epoch - 1)
+        self._counts: collections.deque[int] = collections.deque()
         loader.skipped = []
-        source: Iterator[Any] = self._unwrap(inner)
+        source: Iterator[Any] = itertools.chain(first, inner) if first else inner
+        if loader._declared or loader._feeder is not None:
+            source = self._unwrap(source)
+        if loader._declared:  # a cached ImageFolder: fetch the epoch's next items ahead
+            source = prefetch.follow_loader(loader, source, start_batch=self._progress.batches)
         if loader._feeder is not None:
             source = loader._feeder(source)
         self._source = source
+        self._next = (
+            self._meter.track(source).__next__ if self._meter is not None else source.__next__
+        )
 
     def _unwrap(self, inner: Iterator[Any]) -> Iterator[Any]:
-        for item in inner:
+        meter = self._meter
+        # With a feeder the meter splits the copy out of the wait: it needs the time spent
+        # upstream of it (NOTE in fastload.meter.core on the copy column).
+        upstream = meter if meter is not None and meter.copy_split else None
+        perf = time.perf_counter
+        pending = 0
+        while True:
+            began = perf()
+            try:
+                item = next(inner)
+            except StopIteration:
+                break
+            finally:
+                if upstream is not None:
+                    upstream.note_upstream(perf() - began)
+            pending += 1
             if isinstance(item, batchinfo.Envelope):
+                if meter is not None:
+                    info = item.info
+                    meter.note_work(info.fetch_s, info.decode_s, info.collate_s)
                 if item.info.skipped:
                     self._loader.skipped.extend(item.info.skipped)
                 if item.batch is None:  # every sample of this batch was skipped
                     continue
                 item = item.batch
+            self._counts.append(pending)
+            pending = 0
             yield item
         self._report_skipped()
 
@@ -203,7 +368,13 @@ class LoaderIterator(Iterator[Any]):
         return self
 
     def __next__(self) -> Any:
-        return next(self._source)
+        try:
+            batch = self._next()
+        except StopIteration:
+            self._progress.done = True
+            raise
+        self._progress.batches += self._counts.popleft() if self._counts else 1
+        return batch
 
     def __len__(self) -> int:
         return len(self._inner)  # type: ignore[arg-type]

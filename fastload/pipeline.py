@@ -19,7 +19,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, Union
+from typing import Literal, NamedTuple, Union
 
 import numpy as np
 import torch
@@ -90,6 +90,23 @@ class Normalize:
 
 
 Step = Union[Resize, CenterCrop, RandomResizedCrop, HorizontalFlip, Normalize]
+
+STEP_TYPES: tuple[type, ...] = (Resize, CenterCrop, RandomResizedCrop, HorizontalFlip, Normalize)
+"""Every step an engine must know; a pipeline holding anything else runs on Pillow only."""
+
+
+class Plan(NamedTuple):
+    """Where a sample's pixels come from and where they go: the output of every step's geometry.
+
+    ``box`` is (left, top, right, bottom) in pixels of the decoded original, fractional;
+    the box is scaled to ``out_w`` x ``out_h`` in one resampling pass, then mirrored if
+    ``flip``.
+    """
+
+    box: tuple[float, float, float, float]
+    out_w: int
+    out_h: int
+    flip: bool
 
 
 @dataclass(frozen=True)
@@ -163,9 +180,12 @@ class ImagePipeline:
         norm = self.normalize
         return norm.apply(tensor, self.channel_dim) if norm is not None else tensor
 
-    def _decode(self, img: Image.Image, rng: random.Random) -> Image.Image:
-        """Geometry first on the header, so JPEG draft mode can decode at reduced scale."""
-        width, height = img.size
+    def plan(self, width: int, height: int, rng: random.Random) -> Plan:
+        """The geometry of every step on a ``width`` x ``height`` image, before any pixel work.
+
+        Both engines run this one plan (Pillow here, DALI in :mod:`fastload.backends.dali`),
+        so a sample gets the same crop and flip from the same seed on either engine.
+        """
         box = (0.0, 0.0, float(width), float(height))  # region of the original, in pixels
         out_w, out_h = width, height
         flip = False
@@ -181,6 +201,12 @@ class ImagePipeline:
                 out_h, out_w = step.size
             elif isinstance(step, HorizontalFlip):
                 flip = flip ^ (rng.random() < step.p)
+        return Plan(box, out_w, out_h, flip)
+
+    def _decode(self, img: Image.Image, rng: random.Random) -> Image.Image:
+        """Geometry first on the header, so JPEG draft mode can decode at reduced scale."""
+        width, height = img.size
+        box, out_w, out_h, flip = self.plan(width, height, rng)
         # Draft: let libjpeg decode at 1/2, 1/4 or 1/8 scale if the crop stays >= output size.
         bw, bh = box[2] - box[0], box[3] - box[1]
         if img.format == "JPEG" and (bw > 2 * out_w and bh > 2 * out_h):

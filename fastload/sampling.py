@@ -57,7 +57,15 @@ class EpochSampler(Sampler[int]):
 
     With ``num_replicas > 1`` the permutation is split like ``DistributedSampler``: rank
     ``r`` takes positions ``r, r + R, r + 2R, ...``; without ``drop_last`` the tail is padded
-    by repeating the head so every rank yields the same count.
+    by repeating the head of the permutation so every rank yields the same count.
+
+    NOTE [resumed epochs]
+    One epoch can be narrowed to a *span* of its permutation, ``perm[start:stop]`` (what is
+    left after a checkpoint, see :mod:`fastload.resume`), and this rank can skip the first
+    ``skip`` indices of its shard. Padding always repeats the head of the full permutation,
+    so a span that starts at a multiple of ``num_replicas`` shards exactly like the positions
+    it replaces: a same-size restart sees the same remaining order, and an elastic restart
+    re-splits the span over the new ranks.
 
     Example::
 
@@ -88,36 +96,70 @@ class EpochSampler(Sampler[int]):
         self.drop_last = drop_last
         self.tag_seeds = tag_seeds
         self.epoch = 0
+        self._resumed: tuple[int, int, int, int] | None = None  # (epoch, start, stop, skip)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    def __len__(self) -> int:
+    def resume(self, epoch: int, *, start: int = 0, stop: int | None = None, skip: int = 0) -> None:
+        """Make ``epoch`` cover only ``perm[start:stop]``, this rank skipping ``skip`` indices.
+
+        Other epochs are unaffected. See NOTE [resumed epochs].
+        """
+        stop = self.size if stop is None else stop
+        if not 0 <= start <= stop <= self.size or skip < 0:
+            raise ValueError(
+                f"resume span [{start}:{stop}] skip={skip} does not fit a dataset of {self.size}"
+            )
+        self._resumed = (int(epoch), int(start), int(stop), int(skip))
+
+    def span(self, epoch: int | None = None) -> tuple[int, int, int]:
+        """``(start, stop, skip)`` of an epoch: ``(0, size, 0)`` unless it was resumed."""
+        epoch = self.epoch if epoch is None else epoch
+        if self._resumed is not None and self._resumed[0] == epoch:
+            return self._resumed[1:]
+        return 0, self.size, 0
+
+    def shard_len(self, epoch: int | None = None) -> int:
+        """Indices per rank in an epoch, before this rank's ``skip``."""
+        start, stop, _ = self.span(epoch)
         if self.drop_last:
-            return self.size // self.num_replicas
-        return math.ceil(self.size / self.num_replicas)
+            return (stop - start) // self.num_replicas
+        return math.ceil((stop - start) / self.num_replicas)
+
+    def __len__(self) -> int:
+        return max(0, self.shard_len() - self.span()[2])
+
+    def _permutation(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.size))
+        g = torch.Generator()
+        g.manual_seed(mix_seed(self.seed, epoch))
+        return torch.randperm(self.size, generator=g).tolist()
 
     def epoch_order(self, epoch: int | None = None) -> list[int]:
         """All ranks' indices of an epoch, before sharding (padded to a multiple of ranks)."""
         epoch = self.epoch if epoch is None else epoch
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(mix_seed(self.seed, epoch))
-            order = torch.randperm(self.size, generator=g).tolist()
-        else:
-            order = list(range(self.size))
-        total = len(self) * self.num_replicas
+        perm = self._permutation(epoch)
+        start, stop, _ = self.span(epoch)
+        order = perm[start:stop]
+        total = self.shard_len(epoch) * self.num_replicas
         if total > len(order):
             pad = total - len(order)
-            order += (order * math.ceil(pad / max(1, len(order))))[:pad]
+            order += (perm * math.ceil(pad / max(1, len(perm))))[:pad]
         return order[:total]
+
+    def indices(self, epoch: int | None = None) -> list[int]:
+        """This rank's indices of an epoch, in the order it yields them (after any resume)."""
+        epoch = self.epoch if epoch is None else epoch
+        return self.epoch_order(epoch)[self.rank :: self.num_replicas][self.span(epoch)[2] :]
 
     def epoch_seed(self, epoch: int | None = None) -> int:
         """The seed that the augmentations of this epoch derive from."""
         return mix_seed(self.seed, 0xA5A5, self.epoch if epoch is None else epoch)
 
     def __iter__(self) -> Iterator[int]:
-        mine = self.epoch_order()[self.rank :: self.num_replicas]
+        mine = self.indices()
         if not self.tag_seeds:
             return iter(mine)
         base = self.epoch_seed()
