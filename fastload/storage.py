@@ -15,12 +15,16 @@ Example::
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 from fsspec.registry import known_implementations
 
-from fastload.errors import ObjectNotFoundError, StorageError
+from fastload.cache.keys import version_of
+from fastload.errors import ConfigError, ObjectNotFoundError, StorageError
+
+if TYPE_CHECKING:
+    from fastload.cache.tiered import TieredCache
 
 _INSTALL_HINTS = {
     "s3": "pip install 'fastload[s3]' (s3fs)",
@@ -46,11 +50,37 @@ def install_hint(protocol: str) -> str:
     return _INSTALL_HINTS.get(protocol) or known.get("err") or f"an fsspec implementation of {protocol}://"
 
 
+def target_filesystem(
+    wrapper: str,
+    target_protocol: str | None,
+    target_options: dict[str, Any] | None,
+    fs: fsspec.AbstractFileSystem | None,
+) -> fsspec.AbstractFileSystem:
+    """The filesystem below a chained wrapper protocol (``fastload::``, ``latency::``)."""
+    if fs is not None:
+        return fs
+    if target_protocol is None:
+        raise ConfigError(
+            f"the {wrapper}:: protocol needs a storage below it: chain it like "
+            f"'{wrapper}::s3://bucket/key', or pass fs= or target_protocol="
+        )
+    return fsspec.filesystem(target_protocol, **(target_options or {}))
+
+
 class Storage:
     """Lists and reads objects below ``url`` through fsspec, with errors that name the URL."""
 
-    def __init__(self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        storage_options: dict[str, Any] | None = None,
+        cache: TieredCache | None = None,
+    ):
         self.url = os.fspath(url)
+        # With a cache, reads go through it (fastload.cache); versions from the listing
+        # spare a HEAD per object when cache keys are built (NOTE [cache keys]).
+        self.cache = cache
+        self.versions: dict[str, str] = {}
         if "://" not in self.url and "::" not in self.url:
             self.url = os.path.abspath(os.path.expanduser(self.url))
         self.storage_options = dict(storage_options or {})
@@ -107,8 +137,11 @@ class Storage:
             return path
         return f"{root}/{path}"
 
-    def find(self) -> list[str]:
-        """Every file below the root, sorted; raises ObjectNotFoundError if the root is missing."""
+    def find(self, detail: bool = False) -> Any:
+        """Every file below the root, sorted; raises ObjectNotFoundError if the root is missing.
+
+        With ``detail`` a dict of path to fsspec info (size, etag...) in path order.
+        """
         fs, root = self._open()
         try:
             if not fs.exists(root):
@@ -117,20 +150,42 @@ class Storage:
                 )
             if not fs.isdir(root):
                 raise StorageError(f"dataset root {self.url} is a file, expected a directory")
-            return sorted(fs.find(root, withdirs=False))
+            if self.cache is None and not detail:
+                return sorted(fs.find(root, withdirs=False))
+            found = fs.find(root, withdirs=False, detail=True)
+            if self.cache is not None:
+                self.versions = {path: version_of(info) for path, info in found.items()}
+            return {p: found[p] for p in sorted(found)} if detail else sorted(found)
         except (ObjectNotFoundError, StorageError):
             raise
         except FileNotFoundError as exc:
             raise ObjectNotFoundError(f"dataset root {self.url} does not exist") from exc
-        except OSError as exc:
-            raise StorageError(f"cannot list {self.url}: {exc}") from exc
+        except Exception as exc:  # NOTE [storage errors]
+            raise StorageError(f"cannot list {self.url}: {_describe(exc)}") from exc
 
     def read(self, path: str) -> bytes:
         """The whole object at ``path``; a missing object raises ObjectNotFoundError with its URL."""
         fs = self.fs
+        if self.cache is not None:
+            version = self.versions.get(path)
+            if version is None:  # not listed (an explicit file list): ask once per process
+                version = self.versions[path] = self.cache.version(fs, path)
+            return self.cache.read(fs, path, version)
         try:
             return fs.cat_file(path)
         except FileNotFoundError as exc:
             raise ObjectNotFoundError(f"{self.to_url(path)} does not exist") from exc
-        except OSError as exc:
-            raise StorageError(f"cannot read {self.to_url(path)}: {exc}") from exc
+        except Exception as exc:  # NOTE [storage errors]
+            raise StorageError(f"cannot read {self.to_url(path)}: {_describe(exc)}") from exc
+
+
+# NOTE [storage errors]
+# Below fsspec, failures arrive in each backend's own types: OSError subclasses from most,
+# but botocore's EndpointConnectionError or aiohttp's ClientError are not OSErrors. Every
+# exception that crosses a Storage method therefore becomes a StorageError naming the URL,
+# with the original kept as __cause__; callers never need the backend's exception types.
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or repr(exc)
+    return text if isinstance(exc, OSError) else f"{type(exc).__name__}: {text}"

@@ -133,3 +133,21 @@ def test_pipeline_decodes_bytes_directly():
     image = ImagePipeline.standard(16).run(buf.getvalue())
     assert image.shape == (3, 16, 16)
     assert image[0].min() == 255 and image[1].max() == 0
+
+
+def test_unreachable_s3_endpoint_is_a_storage_error_naming_the_url():
+    import socket
+
+    pytest.importorskip("s3fs")
+    with socket.socket() as s:  # a port with nobody listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    options = {
+        "key": "k", "secret": "s", "skip_instance_cache": True,
+        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"},
+        "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}},
+    }
+    with pytest.raises(fastload.StorageError, match="s3://nobucket/train") as info:
+        ImageFolder("s3://nobucket/train", storage_options=options)
+    assert not isinstance(info.value, FileNotFoundError)  # unreachable is not "missing"
+    assert info.value.__cause__ is not None
