@@ -208,7 +208,16 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def _epoch_batches(self) -> Iterator[Any]:
         """This epoch's batches from the chosen engine: torch's iterator, or the DALI engine's."""
-        return self._engine.epoch() if self._engine is not None else super().__iter__()
+        if self._engine is not None:
+            return self._engine.epoch()
+        if self._iterator is not None and self.settings.persistent_workers.source == "auto":
+            # NOTE [auto persistence draws like torch]
+            # torch draws one base seed from the generator for every new iterator, but a
+            # reused persistent iterator draws none. When persistence was fastload's choice,
+            # not the user's, draw (and drop) that number, so the caller's random stream and
+            # a RandomSampler's order in later epochs are exactly what torch's default gives.
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        return super().__iter__()
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is: the epoch in progress and the batches already handed out.
@@ -313,7 +322,7 @@ class LoaderIterator(Iterator[Any]):
         loader.skipped = []
         source: Iterator[Any] = itertools.chain(first, inner) if first else inner
         if loader._declared or loader._feeder is not None:
-            source = self._unwrap(source)
+            source = _unwrap(source, loader, self._meter, self._counts)
         if loader._declared:  # a cached ImageFolder: fetch the epoch's next items ahead
             source = prefetch.follow_loader(loader, source, start_batch=self._progress.batches)
         if loader._feeder is not None:
@@ -322,47 +331,6 @@ class LoaderIterator(Iterator[Any]):
         self._next = (
             self._meter.track(source).__next__ if self._meter is not None else source.__next__
         )
-
-    def _unwrap(self, inner: Iterator[Any]) -> Iterator[Any]:
-        meter = self._meter
-        # With a feeder the meter splits the copy out of the wait: it needs the time spent
-        # upstream of it (NOTE in fastload.meter.core on the copy column).
-        upstream = meter if meter is not None and meter.copy_split else None
-        perf = time.perf_counter
-        pending = 0
-        while True:
-            began = perf()
-            try:
-                item = next(inner)
-            except StopIteration:
-                break
-            finally:
-                if upstream is not None:
-                    upstream.note_upstream(perf() - began)
-            pending += 1
-            if isinstance(item, batchinfo.Envelope):
-                if meter is not None:
-                    info = item.info
-                    meter.note_work(info.fetch_s, info.decode_s, info.collate_s)
-                if item.info.skipped:
-                    self._loader.skipped.extend(item.info.skipped)
-                if item.batch is None:  # every sample of this batch was skipped
-                    continue
-                item = item.batch
-            self._counts.append(pending)
-            pending = 0
-            yield item
-        self._report_skipped()
-
-    def _report_skipped(self) -> None:
-        skipped = self._loader.skipped
-        if skipped:
-            shown = "; ".join(f"#{s.index} {s.path}" for s in skipped[:5])
-            more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
-            logger.warning(
-                "epoch %d skipped %d unreadable samples (on_error='skip'): %s%s",
-                self._loader.epoch - 1, len(skipped), shown, more,
-            )
 
     def __iter__(self) -> LoaderIterator:
         return self
@@ -381,3 +349,55 @@ class LoaderIterator(Iterator[Any]):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+def _unwrap(
+    inner: Iterator[Any],
+    loader: DataLoader,
+    meter: StarvationMeter | None,
+    counts: collections.deque[int],
+) -> Iterator[Any]:
+    """Open worker envelopes: record their timings and skips, yield the bare batches.
+
+    A module-level generator, not a method: it must not hold its LoaderIterator, or an
+    abandoned iterator would live until the cycle collector runs and keep workers alive.
+    """
+    # With a feeder the meter splits the copy out of the wait: it needs the time spent
+    # upstream of it (NOTE in fastload.meter.core on the copy column).
+    upstream = meter if meter is not None and meter.copy_split else None
+    perf = time.perf_counter
+    pending = 0
+    while True:
+        began = perf()
+        try:
+            item = next(inner)
+        except StopIteration:
+            break
+        finally:
+            if upstream is not None:
+                upstream.note_upstream(perf() - began)
+        pending += 1
+        if isinstance(item, batchinfo.Envelope):
+            if meter is not None:
+                info = item.info
+                meter.note_work(info.fetch_s, info.decode_s, info.collate_s)
+            if item.info.skipped:
+                loader.skipped.extend(item.info.skipped)
+            if item.batch is None:  # every sample of this batch was skipped
+                continue
+            item = item.batch
+        counts.append(pending)
+        pending = 0
+        yield item
+    _report_skipped(loader)
+
+
+def _report_skipped(loader: DataLoader) -> None:
+    skipped = loader.skipped
+    if skipped:
+        shown = "; ".join(f"#{s.index} {s.path}" for s in skipped[:5])
+        more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        logger.warning(
+            "epoch %d skipped %d unreadable samples (on_error='skip'): %s%s",
+            loader.epoch - 1, len(skipped), shown, more,
+        )

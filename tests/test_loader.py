@@ -169,3 +169,45 @@ def test_user_sampler_is_respected(jpeg_root):
     loader = DataLoader(ds, batch_size=2, sampler=order, num_workers=0)
     labels = [y for _, ys in loader for y in ys.tolist()]
     assert labels == [ds.samples[i][1] for i in order]
+
+
+class DeclaredRange(Dataset):
+    fastload_worker_safe = True
+
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        return i
+
+
+def test_auto_persistent_workers_keep_torchs_order_and_random_stream_over_epochs():
+    def run(loader_class, **kwargs):
+        torch.manual_seed(0)
+        loader = loader_class(DeclaredRange(), batch_size=5, shuffle=True, **kwargs)
+        orders = [[b.tolist() for b in loader] for _ in range(3)]
+        return orders, torch.rand(2)
+
+    ref_orders, ref_after = run(torch.utils.data.DataLoader)
+    loader = DataLoader(DeclaredRange(), batch_size=5)
+    assert loader.persistent_workers and loader.num_workers > 0  # auto chose persistence
+    orders, after = run(DataLoader)
+    assert orders == ref_orders
+    assert torch.equal(after, ref_after)
+
+
+def test_an_abandoned_iterator_stops_its_workers_without_the_cycle_collector(jpeg_root):
+    import gc
+
+    loader = DataLoader(ImageFolder(jpeg_root, size=16), batch_size=4, num_workers=2,
+                        persistent_workers=False)
+    gc.disable()
+    try:
+        it = iter(loader)
+        next(it)
+        workers = list(it._workers)
+        assert all(w.is_alive() for w in workers)
+        del it
+        assert not any(w.is_alive() for w in workers)
+    finally:
+        gc.enable()
