@@ -77,3 +77,27 @@ def test_prefetch_can_be_turned_off(remote, tmp_path):
     next(it)
     assert not [t for t in threading.enumerate() if t.name.startswith("fastload-prefetch")]
     assert ds.storage.cache.origin_reads == 8  # only what the loop itself read
+
+
+def test_after_a_resume_the_prefetcher_looks_ahead_from_the_next_unseen_sample(jpeg_root, tmp_path):
+    from fastload.cache import prefetch
+
+    def loader():
+        ds = ImageFolder(jpeg_root, size=16, seed=3, cache={"disk": tmp_path / "c"})
+        return DataLoader(ds, batch_size=4, shuffle=True, num_workers=0)
+
+    first = loader()
+    it = iter(first)
+    consumed = [next(it) for _ in range(3)]
+    state = first.state_dict()
+    expected_rest = [first.dataset.samples[i][0] for i in first.sampler.indices()][12:]
+    del it, consumed
+
+    resumed = loader()
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    next(it)
+    running = prefetch._running[resumed]
+    assert running.paths == expected_rest  # what is left of the epoch, in order
+    assert running._consumed <= 4  # counted from the resume point, not from the epoch start
+    del it

@@ -181,7 +181,7 @@ def follow_loader(loader: DataLoader, source: Iterator[Any], *, start_batch: int
     if shared_only and not any(t.shared for t in cache.tiers):
         logger.debug("no cache tier is shared with the workers; prefetch is off")
         return source
-    order = sampler.epoch_order()[sampler.rank :: sampler.num_replicas][: len(sampler)]
+    order = sampler.indices()  # this rank's, after any resumed span (NOTE [resumed epochs])
     in_flight = max(1, loader.num_workers) * (loader.prefetch_factor or 2) + 2
     prefetcher = Prefetcher(
         cache,
