@@ -90,7 +90,6 @@ class DeviceFeeder:
         self.normalize = normalize
         self.image_index = image_index
         self.channel_dim = channel_dim
-        self.copy_s_last = 0.0  # host time spent issuing the last copy (CUDA: enqueue only)
 
     def _finish(self, batch: Any) -> Any:
         if self.normalize is None or not isinstance(batch, (list, tuple)):
