@@ -173,10 +173,13 @@ class ImagePipeline:
         rng = random.Random(seed)
         with Image.open(io.BytesIO(data)) as img:
             img = self._decode(img, rng)
-        tensor = torch.from_numpy(np.array(img))  # a writable (h, w, 3) copy of Pillow's buffer
+        # One copy out of Pillow's buffer, straight into the output layout. numpy, not torch,
+        # does the transpose: torch would spread this small copy over its intra-op threads,
+        # which costs more than it saves (3x slower on 2 cores, main process).
+        pixels = np.asarray(img)
         if self.layout == "CHW":
-            tensor = tensor.permute(2, 0, 1)
-        tensor = tensor.contiguous()
+            pixels = pixels.transpose(2, 0, 1)
+        tensor = torch.from_numpy(np.array(pixels, order="C"))  # writable, in layout order
         norm = self.normalize
         return norm.apply(tensor, self.channel_dim) if norm is not None else tensor
 
