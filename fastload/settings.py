@@ -185,8 +185,7 @@ def worker_safety(dataset: Dataset) -> WorkerSafety:
     kind = "IterableDataset" if isinstance(dataset, IterableDataset) else "dataset"
     return WorkerSafety(
         False,
-        f"{kind} {type(dataset).__name__} is not declared worker-safe "
-        f"(set {WORKER_SAFE_ATTR} = True on its class, or pass num_workers)",
+        f"{kind} {type(dataset).__name__} is not declared worker-safe",
         known=False,
     )
 
@@ -199,12 +198,17 @@ def _warn_once(dataset: Dataset, why: str) -> None:
     if kind in _warned_types:
         return
     _warned_types.add(kind)
+    if kind.__module__ == "builtins":  # a list or tuple: no class of the user's to mark
+        how = "wrap it in a Dataset class that declares it, or pass num_workers=N"
+    else:
+        how = f"set `{WORKER_SAFE_ATTR} = True` on {kind.__name__}, or pass num_workers=N"
     logger.warning(
-        "fastload kept torch's single-process default for %s: %s. If its samples do not depend "
-        "on which process reads them, set `%s = True` on the class or pass num_workers=N.",
+        "fastload kept torch's single-process default for %s: %s. If its samples depend only "
+        "on the index (no main-process random numbers, no mutation, picklable CPU tensors, "
+        "safe to fork), %s.",
         kind.__name__,
         why,
-        WORKER_SAFE_ATTR,
+        how,
     )
 
 
@@ -264,7 +268,8 @@ def resolve_settings(
     elif not safe:
         if warn and not safety.known:
             _warn_once(dataset, why_safe)
-        workers = Setting(0, "auto", f"torch's default kept: {why_safe}")
+        hint = f"; declare {WORKER_SAFE_ATTR} = True to use workers" if not safety.known else ""
+        workers = Setting(0, "auto", f"torch's default kept: {why_safe}{hint}")
     else:
         workers = _auto_workers(machine, why_safe)
 
