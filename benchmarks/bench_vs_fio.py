@@ -2,7 +2,8 @@
 
 Part 1, sequential reads: on one set of large files on local disk, the read throughput that
 `fastload bench` reports (fastload.bench.throughput.read_sweep, the function the command
-runs, with its default 4 MiB reads) against fio's (Debian fio, psync, --rw=read --bs=1M) for
+runs, with its default 4 MiB requests copied out through a 256 KiB window) against fio's best
+of two block sizes (Debian fio, psync, --rw=read, --bs=1M and --bs=256k) for
 the same files at the same concurrency (c reader threads / c fio jobs, each file read once
 per run). The page cache is dropped before every run when the kernel allows it
 (`echo 3 > /proc/sys/vm/drop_caches`); otherwise both read warm, and the output says which.
@@ -78,9 +79,12 @@ def fastload_rate(root: Path, concurrency: int) -> float:
     return point.read_bytes_per_s
 
 
-def fio_rate(paths: list[Path], concurrency: int) -> float:
+FIO_BLOCK_SIZES = ("1M", "256k")
+
+
+def fio_rate(paths: list[Path], concurrency: int, block_size: str) -> float:
     """fio's aggregate read bytes/s: job j reads files j, j+c, j+2c, ... one after another."""
-    cmd = ["fio", "--rw=read", "--bs=1M", "--ioengine=psync", "--group_reporting",
+    cmd = ["fio", "--rw=read", f"--bs={block_size}", "--ioengine=psync", "--group_reporting",
            "--output-format=json", "--file_service_type=sequential"]
     for j in range(concurrency):
         group = ":".join(str(p).replace(":", "\\:") for p in paths[j::concurrency])
@@ -101,15 +105,20 @@ def part_fio(args: argparse.Namespace) -> None:
     print(f"part 1: {args.files} files x {args.mib} MiB in {root}; {mode}; median of {args.repeats}")
     print(f"{'threads':>8} {'fastload MB/s':>14} {'fio MB/s':>10} {'ratio':>7}")
     for c in args.concurrency:
-        ours, theirs = [], []
+        ours: list[float] = []
+        theirs: dict[str, list[float]] = {bs: [] for bs in FIO_BLOCK_SIZES}
+        runs = [(lambda: fastload_rate(root, c), ours)] + [
+            (lambda bs=bs: fio_rate(paths, c, bs), theirs[bs]) for bs in FIO_BLOCK_SIZES
+        ]
         for _ in range(args.repeats):
-            for measure, sink in ((lambda: fastload_rate(root, c), ours), (lambda: fio_rate(paths, c), theirs)):
+            for measure, sink in runs:
                 if dropped:
                     drop_caches()
                 else:
                     warm(paths)
                 sink.append(measure())
-        a, b = statistics.median(ours), statistics.median(theirs)
+        a = statistics.median(ours)
+        b = max(statistics.median(v) for v in theirs.values())  # fio at its better block size
         print(f"{c:>8} {a / 1e6:>14,.0f} {b / 1e6:>10,.0f} {a / b:>7.2f}")
 
 
