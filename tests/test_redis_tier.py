@@ -136,3 +136,24 @@ def test_sharded_warmers_fill_one_shared_redis(tmp_path, redis_server, s3_server
     gets = s3_server.gets(s3_jpegs.removeprefix("s3://") + "/")
     assert len(gets) == objects and set(gets.values()) == {1}  # each object once, across warmers
     assert len(list(RedisTier(redis_server.url).keys())) == objects
+
+
+def test_a_redis_cluster_works_from_the_url_of_any_node(redis_cluster):
+    from redis.cluster import RedisCluster as ClusterClient
+
+    tier = RedisTier(redis_cluster.nodes[1].url, chunk_size=4096)
+    keys = [f"s3://bucket/img_{i:03d}.jpg@etag{i}" for i in range(40)]
+    for i, key in enumerate(keys):
+        assert tier.put(key, bytes([i]) * (100 + i))
+    big = bytes(range(256)) * 70  # chunked: manifest and 5 chunks share one slot
+    assert tier.put("s3://bucket/big.bin@v1", big)
+    assert isinstance(tier.client, ClusterClient)
+
+    fresh = RedisTier(redis_cluster.url, chunk_size=4096)  # another node's URL, another process
+    assert all(fresh.get(key) == bytes([i]) * (100 + i) for i, key in enumerate(keys))
+    assert fresh.get("s3://bucket/big.bin@v1") == big
+    assert sorted(fresh.keys()) == sorted(keys + ["s3://bucket/big.bin@v1"])
+    per_node = [node.client().dbsize() for node in redis_cluster.nodes]
+    assert sum(1 for n in per_node if n) >= 2  # the entries really are spread over the nodes
+    fresh.delete("s3://bucket/big.bin@v1")
+    assert fresh.get("s3://bucket/big.bin@v1") is None and tier.contains(keys[0])

@@ -22,6 +22,9 @@ refuses writes (a declined put, one warning: "keep" semantics); with ``allkeys-l
 evicts by itself. When Redis is unreachable or fails mid-run, the tier logs one warning,
 answers "miss" (reads fall through to the next tier or the origin) and does not try again for
 ``retry_after`` seconds; sockets time out after ``socket_timeout`` seconds.
+
+A Redis Cluster works with the URL of any of its nodes (NOTE [one URL for a server or a
+cluster]); each primary's ``maxmemory`` bounds the entries whose slots it serves.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from fastload.cache import entry
@@ -121,12 +125,21 @@ class RedisTier(Tier):
     @property
     def client(self) -> redis.Redis:
         if self._client is None or self._pid != os.getpid():
-            self._client = redis.Redis.from_url(
-                self.url,
-                socket_timeout=self.socket_timeout,
-                socket_connect_timeout=self.socket_timeout,
-                retry=Retry(NoBackoff(), 0),  # a failure is final here: the tier falls through
+            timeouts = {"socket_timeout": self.socket_timeout,
+                        "socket_connect_timeout": self.socket_timeout}
+            client = redis.Redis.from_url(
+                self.url, retry=Retry(NoBackoff(), 0), **timeouts  # a failure is final here
             )
+            # NOTE [one URL for a server or a cluster]: the URL of any node of a Redis Cluster
+            # works; the node says it is clustered and a cluster client (which routes every key
+            # to its slot's node) replaces the plain one. All keys of one entry share a hash
+            # tag ({digest}), so an entry's manifest and chunks live on one node.
+            if client.info("cluster").get("cluster_enabled") == 1:
+                client.close()
+                client = RedisCluster.from_url(
+                    self.url, retry=Retry(NoBackoff(), 0), **timeouts
+                )
+            self._client = client
             self._pid = os.getpid()
         return self._client
 
