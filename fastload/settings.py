@@ -99,7 +99,7 @@ def _cgroup_cpu_quota() -> float | None:
             quota, period = f.read().split()[:2]
         return None if quota == "max" else int(quota) / int(period)
     except (OSError, ValueError):
-        pass
+        pass  # no cgroup v2 limit file: try cgroup v1 below
     try:
         with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
             quota_us = int(f.read())
