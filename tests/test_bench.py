@@ -210,6 +210,9 @@ def test_cli_unreachable_endpoint_exits_2(
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    # fsspec caches s3fs instances by their arguments, not by the environment: an instance an
+    # earlier test made (bound to the moto server) would otherwise answer for this endpoint.
+    s3fs.S3FileSystem.clear_instance_cache()
     try:
         code = main(["bench", "s3://bucket/train", "--duration", "1"])
     finally:  # fsspec caches the instance, bound to this endpoint: later tests need a new one
