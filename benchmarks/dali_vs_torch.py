@@ -22,26 +22,15 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 import fastload
 from fastload.synthetic import make_jpeg_folder
+from loader_throughput import epoch_rate  # benchmarks/ is on sys.path when run as a script
 
 DATA = Path(__file__).resolve().parent.parent / ".fastload-data"
-
-
-def epoch_rate(loader: fastload.DataLoader) -> float:
-    """Images per second over one full epoch, start-up included, as a training loop sees it."""
-    start = time.perf_counter()
-    n = 0
-    for images, _labels in loader:
-        n += images.shape[0]
-    if images.is_cuda:
-        torch.cuda.synchronize()
-    return n / (time.perf_counter() - start)
 
 
 def main(argv: list[str] | None = None) -> int:
