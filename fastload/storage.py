@@ -22,6 +22,7 @@ from fsspec.registry import known_implementations
 
 from fastload.cache.keys import version_of
 from fastload.errors import ConfigError, ObjectNotFoundError, StorageError
+from fastload.origin import read_whole
 
 if TYPE_CHECKING:
     from fastload.cache.tiered import TieredCache
@@ -172,7 +173,7 @@ class Storage:
                 version = self.versions[path] = self.cache.version(fs, path)
             return self.cache.read(fs, path, version)
         try:
-            return fs.cat_file(path)
+            return read_whole(fs, path)
         except FileNotFoundError as exc:
             raise ObjectNotFoundError(f"{self.to_url(path)} does not exist") from exc
         except Exception as exc:  # NOTE [storage errors]

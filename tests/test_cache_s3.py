@@ -12,6 +12,7 @@ import torch
 from fastload import DataLoader, ImageFolder
 from fastload.cache import DiskTier, open_cache
 from fastload.errors import ObjectNotFoundError
+from fastload.storage import Storage
 
 
 @pytest.fixture
@@ -42,6 +43,18 @@ def test_reads_go_to_the_origin_once_then_come_from_the_tiers(s3, s3_server, obj
     assert fresh.read(s3, path) == first
     assert fresh.tiers[1].stats.hits == 1 and fresh.tiers[0].contains(fresh.key(s3, path))
     assert s3_server.count("GET", path) == 2
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["no cache", "cache"])
+def test_an_origin_read_is_one_get_and_no_head(s3, s3_server, s3_options, s3_jpegs, cached, tmp_path):
+    storage = Storage(s3_jpegs, s3_options, cache=open_cache(tmp_path / "c") if cached else None)
+    path = [p for p in storage.find() if p.endswith(".jpg")][0]
+    s3.invalidate_cache()  # no size known from a listing: s3fs would ask with a HEAD
+    s3_server.reset_counts()
+    data = storage.read(path)
+    assert s3_server.count("HEAD", path) == 0  # NOTE [one GET per object]
+    assert s3_server.count("GET", path) == 1
+    assert data == s3.cat_file(path)
 
 
 def test_a_changed_object_is_never_served_stale(s3, s3_jpegs, tmp_path):

@@ -29,6 +29,7 @@ from typing import Any
 from fastload.bench.inventory import FileEntry
 from fastload.bench.stats import per_second, percentiles_ms
 from fastload.errors import ConfigError, StorageError
+from fastload.origin import read_whole
 from fastload.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -233,7 +234,7 @@ def read_object(fs: Any, entry: FileEntry, buf: bytearray, storage: Storage) -> 
         return len(storage.read(entry.path))
     try:
         if entry.size <= len(buf):
-            return len(fs.cat_file(entry.path))
+            return len(read_whole(fs, entry.path))
         total = 0
         # The file object requests chunk_bytes at a time from the storage; the copy out of it
         # goes through a smaller window that stays in the CPU cache (on local disks 4 MiB

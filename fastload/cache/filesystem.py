@@ -59,7 +59,7 @@ class FastloadCacheFileSystem(ChainedFileSystem):
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         data = self.cache.read(self.fs, self._target_path(path))
-        return data if start is None and end is None else data[start:end]
+        return data if not start and end is None else data[start:end]  # no copy for a whole read
 
     def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> MemoryFile:
         if mode != "rb":

@@ -29,6 +29,7 @@ from fastload.cache.config import CacheConfig
 from fastload.cache.keys import make_key, version_of
 from fastload.cache.tier import KeyLocking, Tier, TierStats
 from fastload.errors import ObjectNotFoundError, StorageError
+from fastload.origin import read_whole
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ class TieredCache:
     ) -> tuple[bytes, Outcome]:
         url = fs.unstrip_protocol(path)
         try:
-            data = fs.cat_file(path)
+            data = read_whole(fs, path)
         except FileNotFoundError as exc:
             raise ObjectNotFoundError(f"{url} does not exist") from exc
         except _STORAGE_FAILURES as exc:
