@@ -170,3 +170,21 @@ def test_counters_are_recorded_for_cache_stats(tmp_path):
     summary = DiskTier(tmp_path / "c", create=False).summary()
     assert (summary["entries"], summary["hits"], summary["misses"], summary["puts"]) == (1, 1, 1, 1)
     assert summary["hit_rate"] == 0.5
+
+
+@pytest.mark.parametrize("umask, mode", [(0o002, 0o664), (0o077, 0o600)])
+def test_cache_files_follow_the_umask_so_a_group_can_share_the_cache(tmp_path, umask, mode):
+    old = os.umask(umask)
+    try:
+        tier = DiskTier(tmp_path / "c")
+        tier.put("a", b"1")
+        with tier.lock("a", timeout=1) as got:
+            assert got
+        tier.close()
+    finally:
+        os.umask(old)
+    files = [p for p in (tmp_path / "c").rglob("*") if p.is_file()]
+    assert any(p.parent.name == "locks" for p in files) and (tmp_path / "c" / "stats.json").exists()
+    assert {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in files} == {
+        str(p.relative_to(tmp_path)): oct(mode) for p in files
+    }

@@ -107,11 +107,12 @@ class DiskTier(Tier):
         self.policy: Policy = policy
         self._size_arg = size
         self._index_mutex = threading.Lock()
+        self._file_mode = 0o666 & ~_umask()  # new cache files get what open() would give
         marker = self._open_directory(create)
         self.budget = parse_size(size, name="disk_size") if size is not None else marker["default_size"]
         self._passthrough = False
         self._warned: set[str] = set()
-        self._recorder = _StatsRecorder(self.directory, self.stats)
+        self._recorder = _StatsRecorder(self.directory, self.stats, self._file_mode)
         multiprocessing.util.Finalize(self, self._recorder.flush, exitpriority=10)
 
     def __reduce__(self):  # reopened in each process (workers), with fresh counters
@@ -168,13 +169,14 @@ class DiskTier(Tier):
         with self._index_mutex, filelock.FileLock(
             self.directory / ".index.lock",
             timeout=_INDEX_TIMEOUT_S,
+            mode=self._file_mode,
             poll_interval=0.001,
             preserve_lock_file=True,
         ):
             yield
 
     def _write_atomic(self, name: str, text: str) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.directory / "tmp")
+        fd, tmp = _temp_file(self.directory, self._file_mode)
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, self.directory / name)
@@ -189,7 +191,7 @@ class DiskTier(Tier):
     def _write_used(self, used: int) -> None:
         """Rewrite the counter in place (call under the index lock): a fixed-width 20-byte
         number, one small write instead of a file creation and a rename per entry."""
-        fd = os.open(self.directory / "used", os.O_WRONLY | os.O_CREAT, 0o644)
+        fd = os.open(self.directory / "used", os.O_WRONLY | os.O_CREAT, 0o666)
         try:
             os.pwrite(fd, b"%020d" % max(0, used), 0)
         finally:
@@ -291,7 +293,7 @@ class DiskTier(Tier):
         return True
 
     def _write_entry(self, path: Path, header: bytes, value: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.directory / "tmp")
+        fd, tmp = _temp_file(self.directory, self._file_mode)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(header)
@@ -379,6 +381,7 @@ class DiskTier(Tier):
             filelock.FileLock(
                 self.directory / "locks" / f"{stripe:03x}.lock",
                 thread_local=False,
+                mode=self._file_mode,
                 preserve_lock_file=True,
             ),
             timeout,
@@ -468,6 +471,28 @@ def _problem(blob: bytes) -> str | None:
     return None
 
 
+def _temp_file(directory: Path, mode: int) -> tuple[int, str]:
+    """A new file in ``directory``/tmp (to be renamed into place), with ``mode``.
+
+    mkstemp creates files 0600, which would keep a cache shared by a group's users (a
+    setgid directory and umask 002) readable by its writer alone; ``mode`` is what ``open()``
+    would give a new file under the umask.
+    """
+    fd, tmp = tempfile.mkstemp(dir=directory / "tmp")
+    os.fchmod(fd, mode)
+    return fd, tmp
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux reports it."""
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        with open("/proc/self/status") as status:
+            return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o022)  # elsewhere: the set-and-restore dance
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def _held(lock: filelock.FileLock, timeout: float) -> Iterator[bool]:
     try:
@@ -496,9 +521,10 @@ def _load_stats(directory: Path) -> TierStats:
 class _StatsRecorder:
     """Adds one process's counters to the directory's ``stats.json`` every few seconds and at exit."""
 
-    def __init__(self, directory: Path, stats: TierStats) -> None:
+    def __init__(self, directory: Path, stats: TierStats, file_mode: int) -> None:
         self.directory = directory
         self.stats = stats
+        self._file_mode = file_mode
         self.flushed = TierStats()
         self.last = time.monotonic()
 
@@ -518,11 +544,13 @@ class _StatsRecorder:
         if not any(delta.values()) or not (self.directory / MARKER).exists():
             return
         try:
-            with filelock.FileLock(self.directory / ".index.lock", timeout=5, preserve_lock_file=True):
+            with filelock.FileLock(
+                self.directory / ".index.lock", timeout=5, mode=self._file_mode, preserve_lock_file=True
+            ):
                 total = _load_stats(self.directory)
                 for f, d in delta.items():
                     setattr(total, f, getattr(total, f) + d)
-                fd, tmp = tempfile.mkstemp(dir=self.directory / "tmp")
+                fd, tmp = _temp_file(self.directory, self._file_mode)
                 with os.fdopen(fd, "w") as f:
                     json.dump(dataclasses.asdict(total), f)
                 os.replace(tmp, self.directory / "stats.json")
