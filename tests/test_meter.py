@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -336,17 +337,48 @@ def test_periodic_logging_every_n_batches(caplog: pytest.LogCaptureFixture):
     assert lines[0].startswith("batches 0-9: wait p50") and lines[1].startswith("batches 10-19")
 
 
-def test_tensorboard_scalars_or_a_clear_error_when_it_is_missing(tmp_path: Path):
+def _scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar TensorBoard would show from the event files in ``log_dir``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_tensorboard_gets_one_scalar_per_batch_that_tensorboard_reads_back(tmp_path: Path):
+    pytest.importorskip("tensorboard")
+    metered = measure(range(5))
+    for _ in metered:
+        time.sleep(0.002)
+    metered.meter.to_tensorboard(tmp_path / "tb")
+    scalars = _scalars(tmp_path / "tb")
+    records = metered.meter.records()
+    assert set(scalars) == {"fastload/wait_ms", "fastload/step_ms"}  # no GPU: no idle scalar
+    assert [step for step, _ in scalars["fastload/wait_ms"]] == [0, 1, 2, 3, 4]
+    for (step, value), r in zip(scalars["fastload/wait_ms"], records):
+        assert value == pytest.approx(r["wait_s"] * 1e3, rel=1e-6, abs=1e-6)
+    steps = [(r["batch"], r["step_s"] * 1e3) for r in records if r["step_s"] is not None]
+    assert len(scalars["fastload/step_ms"]) == len(steps) == 5
+    for (step, value), (batch, expected) in zip(scalars["fastload/step_ms"], steps):
+        assert step == batch and value == pytest.approx(expected, rel=1e-6) and value >= 2.0
+
+
+def test_periodic_tensorboard_scalars_every_n_batches(tmp_path: Path):
+    pytest.importorskip("tensorboard")
+    meter = StarvationMeter(log_every=10, tensorboard=tmp_path / "tb")
+    list(measure(range(25), meter=meter))
+    scalars = _scalars(tmp_path / "tb")
+    assert [step for step, _ in scalars["fastload/wait_p50_ms"]] == [10, 20]
+    assert all(0.0 <= share <= 1.0 for _, share in scalars["fastload/wait_share"])
+
+
+def test_tensorboard_without_the_package_is_a_clear_error(tmp_path: Path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as if absent
     metered = measure(range(5))
     list(metered)
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        with pytest.raises(MissingDependencyError, match="fastload\\[tensorboard\\]"):
-            metered.meter.to_tensorboard(tmp_path / "tb")
-        return
-    metered.meter.to_tensorboard(tmp_path / "tb")
-    assert any((tmp_path / "tb").glob("events.out.tfevents.*"))
+    with pytest.raises(MissingDependencyError, match="fastload\\[tensorboard\\]"):
+        metered.meter.to_tensorboard(tmp_path / "tb")
 
 
 def test_empty_meter_summary_says_so():

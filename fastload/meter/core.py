@@ -417,6 +417,7 @@ class StarvationMeter:
                 self._tensorboard.add_scalar(
                     "fastload/gpu_idle_share", float(idle[ok].sum() / t["step"][ok].sum()), n
                 )
+            self._tensorboard.flush()  # every N batches: a crash loses at most one period
 
     # -- exports ------------------------------------------------------------------------
 
