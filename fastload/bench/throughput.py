@@ -35,7 +35,7 @@ from fastload.storage import Storage
 logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 4 * 1024 * 1024
-COPY_BYTES = 256 * 1024
+COPY_BYTES = 1024 * 1024
 """Objects up to this size are read with one request; larger ones are streamed in reads of it."""
 
 RANGE_READ_BYTES = 4096
@@ -237,8 +237,10 @@ def read_object(fs: Any, entry: FileEntry, buf: bytearray, storage: Storage) -> 
             return len(read_whole(fs, entry.path))
         total = 0
         # The file object requests chunk_bytes at a time from the storage; the copy out of it
-        # goes through a smaller window that stays in the CPU cache (on local disks 4 MiB
-        # copies ran at half the speed of 256 KiB ones, fio's range).
+        # goes through a smaller window that stays in the CPU cache. On local disks 4 MiB
+        # copies ran at half the speed of 256 KiB ones, and 256 KiB windows, paying Python's
+        # per-call cost four times as often, fell behind fio at 2+ threads from the page
+        # cache; 1 MiB was best of 256 KiB..4 MiB (benchmarks/bench_vs_fio.py --warm).
         view = memoryview(buf)[:COPY_BYTES]
         with fs.open(entry.path, "rb", block_size=len(buf)) as f:
             while n := f.readinto(view):
