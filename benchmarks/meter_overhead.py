@@ -15,8 +15,12 @@ and, to isolate the meter from the loader, its hot path alone: ``measure()`` aro
 of ready batches against iterating the list. Each figure is the median over ``--rounds``
 rounds; the overhead is (on - off) / off of the per-batch time. Target: <= 1%.
 
-    python benchmarks/meter_overhead.py                  # 2000 batches x 9 rounds
-    python benchmarks/meter_overhead.py --batches 500 --rounds 3 --json
+The meter's cost is a fixed time per batch, so its share falls as batches get bigger; the
+run repeats at each ``--batch-sizes`` (default 8 and 128: about 8,000 and 3,000 batches/s on
+a 2-core machine) and prints the cost in microseconds next to the share.
+
+    python benchmarks/meter_overhead.py                  # 2000 batches x 9 rounds, b = 8, 128
+    python benchmarks/meter_overhead.py --batches 500 --rounds 3 --batch-sizes 8 --json
 """
 
 from __future__ import annotations
@@ -68,33 +72,25 @@ def paired_round(loaders: dict[str, object]) -> dict[str, float]:
     return {name: spent[name] / batches for name in names}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--batches", type=int, default=2000, help="batches per round")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    args = parser.parse_args(argv)
-
-    n = args.batches * args.batch_size
+def overhead_at(batch_size: int, batches: int, rounds: int) -> dict:
+    """Median per-batch times of every loader at one batch size, and the derived shares."""
+    n = batches * batch_size
     data = TensorDataset(torch.randn(n, 16), torch.arange(n))
     loaders = {
-        "stock torch": torch.utils.data.DataLoader(data, batch_size=args.batch_size),
+        "stock torch": torch.utils.data.DataLoader(data, batch_size=batch_size),
         "fastload, meter off": fastload.DataLoader(
-            data, batch_size=args.batch_size, num_workers=0, meter=False
+            data, batch_size=batch_size, num_workers=0, meter=False
         ),
-        "fastload, meter on": fastload.DataLoader(data, batch_size=args.batch_size, num_workers=0),
+        "fastload, meter on": fastload.DataLoader(data, batch_size=batch_size, num_workers=0),
         # An identical twin of "meter off": their difference is this machine's noise floor.
         "fastload, off (twin)": fastload.DataLoader(
-            data, batch_size=args.batch_size, num_workers=0, meter=False
+            data, batch_size=batch_size, num_workers=0, meter=False
         ),
     }
-    ready = [data[i : i + args.batch_size] for i in range(0, n, args.batch_size)]
+    ready = [data[i : i + batch_size] for i in range(0, n, batch_size)]
     hot_path = {"list alone": ready, "measure(list)": measure(ready)}
     times: dict[str, list[float]] = {name: [] for name in [*loaders, *hot_path]}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for name, seconds in paired_round(loaders).items():
             times[name].append(seconds)
         for name, iterable in hot_path.items():
@@ -103,38 +99,58 @@ def main(argv: list[str] | None = None) -> int:
     med = {name: statistics.median(v) for name, v in times.items()}
     on, off = med["fastload, meter on"], med["fastload, meter off"]
     meter_cost = med["measure(list)"] - med["list alone"]
-    result = {
-        "batches_per_round": args.batches,
-        "rounds": args.rounds,
-        "batch_size": args.batch_size,
+    return {
+        "batch_size": batch_size,
         "us_per_batch": {name: v * 1e6 for name, v in med.items()},
         "batches_per_s": {name: 1 / v for name, v in med.items()},
+        "meter_cost_us": (on - off) * 1e6,
         "overhead_on_vs_off": (on - off) / off,
         "noise_floor_twin_vs_off": (med["fastload, off (twin)"] - off) / off,
         "fastload_off_vs_stock": (off - med["stock torch"]) / med["stock torch"],
         "meter_hot_path_us": meter_cost * 1e6,
         "meter_hot_path_share_of_batch": meter_cost / off,
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--batches", type=int, default=2000, help="batches per round")
+    parser.add_argument(
+        "--batch-sizes", type=int, nargs="+", default=[8, 128],
+        help="one measurement per batch size: small batches give the highest batch rate",
+    )
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    args = parser.parse_args(argv)
+
+    results = [overhead_at(b, args.batches, args.rounds) for b in args.batch_sizes]
     if args.json:
-        json.dump(result, sys.stdout, indent=1)
+        json.dump({"batches_per_round": args.batches, "rounds": args.rounds, "runs": results},
+                  sys.stdout, indent=1)
         print()
         return 0
-    print(
-        f"meter overhead: {args.batches} batches of {args.batch_size} per round, "
-        f"median of {args.rounds} interleaved rounds"
-    )
-    for name, v in med.items():
-        print(f"  {name:<22} {v * 1e6:8.2f} us/batch   {1 / v:10.0f} batches/s")
-    print(f"  meter on vs off        {result['overhead_on_vs_off']:+.2%} of per-batch time")
-    print(
-        f"  noise floor            {result['noise_floor_twin_vs_off']:+.2%} "
-        "(two identical meter-off loaders)"
-    )
-    print(
-        f"  meter hot path alone   {meter_cost * 1e6:.2f} us/batch = "
-        f"{result['meter_hot_path_share_of_batch']:.2%} of the loader's per-batch time"
-    )
-    print(f"  fastload (off) vs stock torch {result['fastload_off_vs_stock']:+.2%}")
+    for result in results:
+        print(
+            f"meter overhead: {args.batches} batches of {result['batch_size']} per round, "
+            f"median of {args.rounds} interleaved rounds"
+        )
+        for name, v in result["us_per_batch"].items():
+            print(f"  {name:<22} {v:8.2f} us/batch   {1e6 / v:10.0f} batches/s")
+        print(
+            f"  meter on vs off        {result['meter_cost_us']:+.2f} us = "
+            f"{result['overhead_on_vs_off']:+.2%} of per-batch time"
+        )
+        print(
+            f"  noise floor            {result['noise_floor_twin_vs_off']:+.2%} "
+            "(two identical meter-off loaders)"
+        )
+        print(
+            f"  meter hot path alone   {result['meter_hot_path_us']:.2f} us/batch = "
+            f"{result['meter_hot_path_share_of_batch']:.2%} of the loader's per-batch time"
+        )
+        print(f"  fastload (off) vs stock torch {result['fastload_off_vs_stock']:+.2%}")
     return 0
 
 
