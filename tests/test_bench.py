@@ -76,6 +76,15 @@ def test_range_reads_skip_tiny_files(tmp_path: Path) -> None:
     assert result.reads == 0 and "too small" in result.skipped_reason
 
 
+def test_a_failing_range_read_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    (tmp_path / "a.bin").write_bytes(b"x" * 8192)
+    storage = Storage(tmp_path)
+    entries = take_inventory(storage).entries
+    (tmp_path / "a.bin").unlink()  # gone after the listing: a storage failure, not a skip
+    with pytest.raises(StorageError, match=r"byte range of .*a\.bin"):
+        throughput.range_reads(storage, entries, concurrency=1, read_bytes=1024)
+
+
 def test_concurrency_levels() -> None:
     assert throughput.concurrency_levels(1) == [1]
     assert throughput.concurrency_levels(8) == [1, 2, 4, 8]

@@ -276,10 +276,14 @@ def range_reads(
         ))
     try:
         probe = fs.cat_file(candidates[0].path, start=0, end=read_bytes)
-    except (NotImplementedError, ValueError, TypeError, OSError) as exc:
+    except (NotImplementedError, ValueError, TypeError) as exc:  # the filesystem has no ranges
         return RangeReads(concurrency, 0, 0, 0.0, skipped_reason=(
             f"{storage.protocol}:// does not serve range reads here: {type(exc).__name__}: {exc}"
         ))
+    except OSError as exc:  # a failing storage is an error, not a missing feature
+        raise StorageError(
+            f"cannot read a byte range of {storage.to_url(candidates[0].path)}: {exc}"
+        ) from exc
     if len(probe) != read_bytes:
         return RangeReads(concurrency, 0, 0, 0.0, skipped_reason=(
             f"a range read of {read_bytes} bytes returned {len(probe)} bytes"
