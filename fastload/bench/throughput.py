@@ -35,8 +35,10 @@ from fastload.storage import Storage
 logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 4 * 1024 * 1024
-COPY_BYTES = 1024 * 1024
 """Objects up to this size are read with one request; larger ones are streamed in reads of it."""
+
+COPY_BYTES = 1024 * 1024
+"""The window a streamed read copies through (see read_object)."""
 
 RANGE_READ_BYTES = 4096
 """Size of one small random range read, bytes."""

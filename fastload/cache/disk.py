@@ -160,7 +160,10 @@ class DiskTier(Tier):
             for sub in ("entries", "locks", "tmp"):
                 (self.directory / sub).mkdir(exist_ok=True)
             default = shutil.disk_usage(self.directory).free // 2
-            self._write_atomic(MARKER, json.dumps({"format": FORMAT, "default_size": default}))
+            _write_atomic(
+                self.directory, MARKER, json.dumps({"format": FORMAT, "default_size": default}),
+                self._file_mode,
+            )
             self._write_used(0)
 
     @contextlib.contextmanager
@@ -175,11 +178,6 @@ class DiskTier(Tier):
         ):
             yield
 
-    def _write_atomic(self, name: str, text: str) -> None:
-        fd, tmp = _temp_file(self.directory, self._file_mode)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, self.directory / name)
 
     def _read_used(self) -> int:
         """Bytes in entries/ (call under the index lock); recounted if the counter is unreadable."""
@@ -483,6 +481,14 @@ def _temp_file(directory: Path, mode: int) -> tuple[int, str]:
     return fd, tmp
 
 
+def _write_atomic(directory: Path, name: str, text: str, mode: int) -> None:
+    """Replace ``directory``/``name`` with ``text`` in one rename: readers see old or new."""
+    fd, tmp = _temp_file(directory, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, directory / name)
+
+
 def _umask() -> int:
     """The process umask, read without changing it where Linux reports it."""
     with contextlib.suppress(OSError, StopIteration, ValueError):
@@ -550,10 +556,10 @@ class _StatsRecorder:
                 total = _load_stats(self.directory)
                 for f, d in delta.items():
                     setattr(total, f, getattr(total, f) + d)
-                fd, tmp = _temp_file(self.directory, self._file_mode)
-                with os.fdopen(fd, "w") as f:
-                    json.dump(dataclasses.asdict(total), f)
-                os.replace(tmp, self.directory / "stats.json")
+                _write_atomic(
+                    self.directory, "stats.json", json.dumps(dataclasses.asdict(total)),
+                    self._file_mode,
+                )
             self.flushed = now
         except (OSError, filelock.Timeout) as exc:
             logger.debug("could not record cache counters in %s: %s", self.directory, exc)
