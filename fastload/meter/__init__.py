@@ -12,7 +12,7 @@ Example::
     >>> print(batches.meter.summary())
 """
 
-from fastload.meter.core import Metered, MeteredIterator, StarvationMeter, batch_length, measure
+from fastload.meter.recorder import Metered, MeteredIterator, StarvationMeter, batch_length, measure
 from fastload.meter.report import Diagnosis, Summary, Verdict, WorkerWork, diagnose, verdict_for
 
 __all__ = [

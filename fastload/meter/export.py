@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from fastload.errors import MissingDependencyError
 
 if TYPE_CHECKING:
-    from fastload.meter.core import StarvationMeter
+    from fastload.meter.recorder import StarvationMeter
 
 
 def write_json(meter: StarvationMeter, path: str | os.PathLike[str]) -> None:
