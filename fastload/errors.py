@@ -12,14 +12,33 @@ meaning that callers already test for (``ValueError`` for a bad argument,
     ├── MissingDependencyError (ImportError) an optional package (an extra) is not installed
     ├── DatasetError                      a dataset cannot be listed or read
     │   ├── EmptyDatasetError (ValueError)
-    │   └── SampleError                   one sample failed; names its file and index
-    │       └── CorruptSampleError
+    │   └── SampleError                   one sample failed; .index and .path name it
+    │       ├── CorruptSampleError        its bytes do not decode (truncated, not an image,
+    │       │                             a decompression bomb)
+    │       └── UnreadableSampleError (StorageError)   its bytes cannot be read (permission
+    │           │                         denied, a looping symlink, the storage failed)
+    │           └── MissingSampleError (ObjectNotFoundError)   it was listed, now it is gone
     ├── StorageError (OSError)            the storage failed below fastload
     │   └── ObjectNotFoundError (FileNotFoundError)
     └── CacheError                        the cache cannot be used as configured
 
 Storage and engine errors are converted with ``raise ... from exc``, so the original
 exception stays attached as ``__cause__``.
+
+Every failure of one sample is a :class:`SampleError` carrying ``.index`` and ``.path``
+(``on_error="skip"`` skips exactly these). A sample that cannot be read is also a
+:class:`StorageError`, and a missing one an :class:`ObjectNotFoundError` (so a
+``FileNotFoundError``), so code written as ``except ObjectNotFoundError`` or
+``except StorageError`` around a read keeps working::
+
+    >>> try:
+    ...     image, label = dataset[3]
+    ... except fastload.SampleError as exc:
+    ...     print(exc.index, exc.path, exc.__cause__)   # 3 /data/a/3.jpg [Errno 13] ...
+
+A sample error keeps ``index`` and ``path`` when it is pickled (a worker process sending it
+back); :class:`fastload.DataLoader` re-raises a worker's sample error as the same exception
+with the worker's traceback attached as a note (:mod:`fastload.batchinfo`).
 """
 
 from __future__ import annotations
@@ -66,8 +85,9 @@ class SampleError(DatasetError):
         self.index = index
         self.path = path
 
-    def __reduce__(self):  # keeps index/path when a worker sends the error back
-        return (_rebuild_sample_error, (type(self), str(self), self.index, self.path))
+    def __reduce__(self):  # keeps index, path and notes when a worker sends the error back
+        state = {k: v for k, v in self.__dict__.items() if k not in ("index", "path")}
+        return (_rebuild_sample_error, (type(self), str(self), self.index, self.path), state or None)
 
 
 def _rebuild_sample_error(cls, message, index, path):
@@ -84,6 +104,17 @@ class StorageError(FastloadError, OSError):
 
 class ObjectNotFoundError(StorageError, FileNotFoundError):
     """An object or directory does not exist at the given URL."""
+
+
+class UnreadableSampleError(SampleError, StorageError):
+    """A sample's bytes could not be read: permission denied, a symlink loop, a storage failure.
+
+    The storage's own error (``PermissionError``, botocore's, ...) is the ``__cause__``.
+    """
+
+
+class MissingSampleError(UnreadableSampleError, ObjectNotFoundError):
+    """A sample that was listed no longer exists (deleted or moved since the listing)."""
 
 
 class CacheError(FastloadError):
