@@ -34,7 +34,7 @@ from torch.utils.data import Dataset, IterableDataset, Sampler
 from torch.utils.data.dataloader import default_collate, default_convert
 
 from fastload import batchinfo, distributed, resume
-from fastload.backends import Backend, Choice, choose_backend, engine_class
+from fastload.engines import Backend, Choice, EngineContext, choose_backend, engine_class
 from fastload.cache import prefetch
 from fastload.device import DeviceFeeder, resolve_device
 from fastload.errors import ConfigError
@@ -63,7 +63,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         meter: the starvation meter (:mod:`fastload.meter`): True (default) attaches a new
             one, a :class:`~fastload.meter.StarvationMeter` is used as given, False turns it
             off (iteration then only counts batches for state_dict() around torch's iterator).
-        backend: the engine, "auto" (default), "torch" or "dali" (:mod:`fastload.backends`):
+        backend: the engine, "auto" (default), "torch" or "dali" (:mod:`fastload.engines`):
             auto runs a declared ImageFolder on DALI when nvidia-dali and a CUDA GPU are
             present, else on torch workers; a forced "dali" that cannot run raises
             :class:`~fastload.errors.BackendUnavailable` saying why.
@@ -207,17 +207,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return LoaderIterator(self, inner, progress, first)
 
     def _epoch_batches(self) -> Iterator[Any]:
-        """This epoch's batches from the chosen engine: torch's iterator, or the DALI engine's."""
-        if self._engine is not None:
-            return self._engine.epoch()
-        if self._iterator is not None and self.settings.persistent_workers.source == "auto":
-            # NOTE [auto persistence draws like torch]
-            # torch draws one base seed from the generator for every new iterator, but a
-            # reused persistent iterator draws none. When persistence was fastload's choice,
-            # not the user's, draw (and drop) that number, so the caller's random stream and
-            # a RandomSampler's order in later epochs are exactly what torch's default gives.
-            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
-        return super().__iter__()
+        """This epoch's batches from the chosen engine (:mod:`fastload.engines`)."""
+        return self._engine.epoch()
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is: the epoch in progress and the batches already handed out.
@@ -247,13 +238,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 def _build_engine(
     choice: Choice, loader: DataLoader, settings: LoaderSettings, device: torch.device | None
 ) -> Any:
-    """The optional engine that runs the loader's epochs (None: torch's own iterator)."""
-    if choice.name == "torch":
-        return None
-    return engine_class(choice.name)(
-        loader.dataset, loader.batch_sampler, batch_size=loader.batch_size, device=device,
-        num_threads=settings.num_workers.value, pin_memory=settings.pin_memory.value,
-    )
+    """The engine that runs the loader's epochs (:mod:`fastload.engines`)."""
+    return engine_class(choice.name).build(EngineContext(
+        loader=loader, dataset=loader.dataset, batch_sampler=loader.batch_sampler,
+        batch_size=loader.batch_size, device=device, num_threads=settings.num_workers.value,
+        pin_memory=settings.pin_memory.value,
+        draws_like_torch=settings.persistent_workers.source == "auto",
+    ))
 
 
 def _attach_meter(

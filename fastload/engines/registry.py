@@ -1,13 +1,16 @@
-"""Engines that run a declared dataset, found by name and imported only when used.
+"""The engines fastload can run a loader on, found by name and imported only when used.
 
-fastload runs a declared :class:`~fastload.ImageFolder` on one of two engines: ``"torch"``
-(Pillow in torch's worker processes: the stock path of :class:`fastload.DataLoader`, which
-is torch's own iterator and needs no entry here) or an optional engine from :data:`ENGINES`,
-today ``"dali"`` (the same pipeline compiled to NVIDIA DALI). Like fsspec's protocol
-registry, :data:`ENGINES` maps a name to a dotted import path and an install hint, so an
-optional engine costs nothing until it is chosen and says what to install when it is missing.
+Like fsspec's protocol registry, :data:`ENGINES` maps a name to a dotted import path, the
+package it needs and an install hint, so an optional engine costs nothing until it is chosen
+and says what to install when it is missing. Today:
 
-:func:`choose_backend` is the facade's decision: the engine and the reason for it.
+* ``"torch"``: torch's own iterator and worker processes (:mod:`fastload.engines.torch`);
+  it runs every dataset.
+* ``"dali"``: a declared :class:`~fastload.ImageFolder` pipeline compiled to NVIDIA DALI
+  (:mod:`fastload.engines.dali`), decoding on the GPU where there is one.
+
+:func:`choose_backend` is the facade's decision: it asks each engine whether it can run the
+loader (:meth:`~fastload.engines.base.Engine.blocker`) and returns the engine with the reason.
 
 Example::
 
@@ -15,12 +18,13 @@ Example::
     >>> choice.name, choice.reason
     ('torch', 'torch: no CUDA GPU, so DALI would decode on the CPU ...')
     >>> engine_class("dali")
-    <class 'fastload.backends.dali.DaliEngine'>
+    <class 'fastload.engines.dali.DaliEngine'>
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -28,6 +32,7 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import Dataset
 
+from fastload.engines.base import EngineRequest
 from fastload.errors import BackendUnavailable, ConfigError
 
 Backend = Literal["auto", "torch", "dali"]
@@ -36,16 +41,57 @@ BACKENDS: tuple[str, ...] = ("auto", "torch", "dali")
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """Where an engine lives (``"module:Class"``) and how to install what it needs."""
+    """Where an engine lives (``"module:Class"``), what it needs, and how to install it.
+
+    Attributes:
+        target: ``"module:Class"`` of the :class:`~fastload.engines.base.Engine`.
+        install: the command that installs what it needs (None: nothing to install).
+        requires: a module that must import for the engine to run.
+        blocker: why the engine cannot run a loader (None if it can), answered without
+            importing the engine; by default the engine class's own ``blocker``.
+    """
 
     target: str
     install: str | None = None
+    requires: str | None = None
+    blocker: Callable[[EngineRequest], str | None] | None = None
+
+
+def _dali_blocker(request: EngineRequest) -> str | None:
+    """Why the DALI engine cannot give what torch would for this loader, or None if it can."""
+    from fastload.images import ImageFolder
+    from fastload.pipeline import STEP_TYPES
+
+    dataset = request.dataset
+    if type(dataset) is not ImageFolder:
+        return (
+            f"the dataset is a {type(dataset).__name__}, not a declared fastload ImageFolder; "
+            "only declared pipelines compile to DALI"
+        )
+    custom = [type(s).__name__ for s in dataset.pipeline.steps if type(s) not in STEP_TYPES]
+    if custom:
+        return f"pipeline steps {custom} have no DALI equivalent"
+    if dataset.pipeline.output_size is None:
+        return (
+            "the pipeline ends without a crop, so images keep their own sizes; DALI batches "
+            "need one size (end the pipeline with CenterCrop or RandomResizedCrop)"
+        )
+    if request.collate_fn is not None:
+        return "a custom collate_fn runs only on torch workers"
+    if request.worker_init_fn is not None:
+        return "worker_init_fn runs only in torch worker processes"
+    if not request.batched:
+        return "batch_size=None yields single samples; the DALI engine yields batches"
+    return None
 
 
 ENGINES: dict[str, EngineSpec] = {
+    "torch": EngineSpec("fastload.engines.torch:TorchEngine"),
     "dali": EngineSpec(
-        "fastload.backends.dali:DaliEngine",
+        "fastload.engines.dali:DaliEngine",
         "pip install 'fastload[dali]' (nvidia-dali-cuda120; CPU-only DALI works without a GPU)",
+        requires="nvidia.dali",
+        blocker=_dali_blocker,
     ),
 }
 
@@ -66,6 +112,24 @@ def engine_class(name: str) -> Any:
             f"the {name} engine cannot be imported ({exc}); install it with: {spec.install}"
         ) from exc
     return getattr(module, class_name)
+
+
+def blocker_of(name: str, request: EngineRequest) -> str | None:
+    """Why engine ``name`` cannot run ``request`` (its own limits first, then its package)."""
+    spec = ENGINES[name]
+    check = spec.blocker or (lambda r: engine_class(name).blocker(r))
+    why = check(request)
+    if why is None and spec.requires is not None:
+        why = _import_blocker(spec)
+    return why
+
+
+def _import_blocker(spec: EngineSpec) -> str | None:
+    try:
+        importlib.import_module(spec.requires)  # type: ignore[arg-type]
+    except ImportError as exc:
+        return f"{spec.requires} does not import ({exc}); install it with: {spec.install}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -89,8 +153,8 @@ def choose_backend(
     """Pick the engine for a loader: ``requested`` is ``"auto"``, ``"torch"`` or ``"dali"``.
 
     "auto" picks DALI when nvidia.dali imports, a CUDA GPU is present and the dataset is a
-    declared pipeline DALI can run; otherwise torch. A forced ``"dali"`` that cannot run
-    raises :class:`~fastload.errors.BackendUnavailable` with the reason and the fix.
+    declared pipeline DALI can run; otherwise torch. A forced engine that cannot run raises
+    :class:`~fastload.errors.BackendUnavailable` with the reason and the fix.
 
     Args:
         batched: whether the loader yields batches (``batch_size`` or ``batch_sampler`` set).
@@ -101,11 +165,10 @@ def choose_backend(
         raise ConfigError(
             f"backend={requested!r} is not an engine; use one of {', '.join(map(repr, BACKENDS))}"
         )
+    request = EngineRequest(dataset, device, batched, collate_fn, worker_init_fn, cuda_available)
     if requested == "torch":
         return Choice("torch", "torch: backend='torch' was requested")
-    blocker = _dali_blocker(dataset, batched, collate_fn, worker_init_fn)
-    if blocker is None:
-        blocker = _dali_import_blocker()
+    blocker = blocker_of("dali", request)
     if requested == "dali":
         if blocker is not None:
             raise BackendUnavailable(
@@ -116,7 +179,7 @@ def choose_backend(
         return Choice("dali", f"dali: backend='dali' was requested; {where}")
     if blocker is not None:
         return Choice("torch", f"torch: {blocker}")
-    if not (cuda_available if cuda_available is not None else torch.cuda.is_available()):
+    if not request.has_cuda:
         return Choice(
             "torch",
             "torch: no CUDA GPU, so DALI would decode on the CPU like torch workers do; "
@@ -133,55 +196,3 @@ def gpu_decoding(device: torch.device | None, cuda_available: bool | None) -> bo
     """Whether DALI decodes "mixed" (on the GPU): a GPU exists and the user did not ask for the CPU."""
     has_gpu = cuda_available if cuda_available is not None else torch.cuda.is_available()
     return has_gpu and not (device is not None and device.type == "cpu")
-
-
-def _dali_blocker(
-    dataset: Dataset,
-    batched: bool,
-    collate_fn: Callable[[list[Any]], Any] | None,
-    worker_init_fn: Callable[[int], None] | None,
-) -> str | None:
-    """Why the DALI engine cannot give what torch would for this loader, or None if it can."""
-    from fastload.images import ImageFolder
-    from fastload.pipeline import STEP_TYPES
-
-    if type(dataset) is not ImageFolder:
-        return (
-            f"the dataset is a {type(dataset).__name__}, not a declared fastload ImageFolder; "
-            "only declared pipelines compile to DALI"
-        )
-    custom = [type(s).__name__ for s in dataset.pipeline.steps if type(s) not in STEP_TYPES]
-    if custom:
-        return f"pipeline steps {custom} have no DALI equivalent"
-    if dataset.pipeline.output_size is None:
-        return (
-            "the pipeline ends without a crop, so images keep their own sizes; DALI batches "
-            "need one size (end the pipeline with CenterCrop or RandomResizedCrop)"
-        )
-    if collate_fn is not None:
-        return "a custom collate_fn runs only on torch workers"
-    if worker_init_fn is not None:
-        return "worker_init_fn runs only in torch worker processes"
-    if not batched:
-        return "batch_size=None yields single samples; the DALI engine yields batches"
-    return None
-
-
-def _dali_import_blocker() -> str | None:
-    try:
-        importlib.import_module("nvidia.dali")
-    except ImportError as exc:
-        return f"nvidia.dali does not import ({exc}); install it with: {ENGINES['dali'].install}"
-    return None
-
-
-__all__ = [
-    "BACKENDS",
-    "ENGINES",
-    "Backend",
-    "Choice",
-    "EngineSpec",
-    "choose_backend",
-    "engine_class",
-    "gpu_decoding",
-]

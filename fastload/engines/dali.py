@@ -1,7 +1,7 @@
 """The DALI engine: a declared ImageFolder pipeline compiled to an NVIDIA DALI graph.
 
 :class:`fastload.DataLoader` builds a :class:`DaliEngine` when it chooses DALI (see
-:func:`fastload.backends.choose_backend`); users only see ``loader.backend == "dali"`` and
+:func:`fastload.engines.choose_backend`); users only see ``loader.backend == "dali"`` and
 the same batches as the torch engine would give: ``[images, labels]``, images in the
 pipeline's dtype, shape and layout, on the loader's device.
 
@@ -60,7 +60,8 @@ from nvidia.dali.plugin.pytorch import feed_ndarray
 from PIL import Image
 
 from fastload import batchinfo
-from fastload.backends import gpu_decoding
+from fastload.engines.base import Engine, EngineContext
+from fastload.engines.registry import gpu_decoding
 from fastload.errors import BackendError, ObjectNotFoundError, SampleError
 from fastload.images import _DECODE_ERRORS, ImageFolder
 from fastload.pipeline import Plan
@@ -267,7 +268,7 @@ def _graph(dataset: ImageFolder, feed: _Feed, *, batch_size: int, num_threads: i
     return pipe
 
 
-class DaliEngine:
+class DaliEngine(Engine):
     """Runs a declared :class:`ImageFolder` on DALI with the loader's batches and device.
 
     Args:
@@ -286,6 +287,15 @@ class DaliEngine:
         >>> images, labels = next(iter(engine.epoch())).batch
     """
 
+    name = "dali"
+
+    @classmethod
+    def build(cls, context: EngineContext) -> DaliEngine:
+        return cls(
+            context.dataset, context.batch_sampler, batch_size=context.batch_size,
+            device=context.device, num_threads=context.num_threads, pin_memory=context.pin_memory,
+        )
+
     def __init__(
         self,
         dataset: ImageFolder,
@@ -303,6 +313,7 @@ class DaliEngine:
         self.num_threads = max(1, num_threads)
         self.pin_memory = pin_memory and torch.cuda.is_available() and device is None
         self.device_id: int | None = None
+        self._current: DaliEpoch | None = None
         if gpu_decoding(device, None):
             self.device_id = device.index if device is not None and device.index is not None \
                 else torch.cuda.current_device()
@@ -313,7 +324,16 @@ class DaliEngine:
 
     def epoch(self) -> DaliEpoch:
         """An iterator over one epoch's batches, each a :class:`batchinfo.Envelope`."""
-        return DaliEpoch(self)
+        if self._current is not None:
+            self._current.close()
+        self._current = DaliEpoch(self)
+        return self._current
+
+    def close(self) -> None:
+        """Stop the epoch in progress, if any: its read threads and its pipeline."""
+        if self._current is not None:
+            self._current.close()
+            self._current = None
 
     def _build(self, feed: _Feed, batch_size: int) -> Pipeline:
         return _graph(self.dataset, feed, batch_size=batch_size, num_threads=self.num_threads,

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from fastload import BackendUnavailable, ConfigError, DataLoader, ImageFolder
-from fastload.backends import ENGINES, choose_backend, engine_class
+from fastload.engines import ENGINES, choose_backend, engine_class
 from fastload.pipeline import ImagePipeline, Resize
 
 
@@ -92,9 +92,9 @@ def test_unknown_backend_is_a_config_error(folder):
 
 def test_registry_imports_lazily():
     """The registry names a dotted path and an install hint; the module loads on first use."""
-    assert ENGINES["dali"].target == "fastload.backends.dali:DaliEngine"
+    assert ENGINES["dali"].target == "fastload.engines.dali:DaliEngine"
     assert "fastload[dali]" in ENGINES["dali"].install
-    code = "import sys, fastload; print('fastload.backends.dali' in sys.modules)"
+    code = "import sys, fastload; print('fastload.engines.dali' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

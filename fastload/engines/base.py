@@ -1,0 +1,123 @@
+"""The engine contract: what every engine that runs a loader's epochs must do.
+
+An engine turns a loader's *batch plan* into batches. The plan is the loader's batch sampler,
+iterated once per epoch: the order, ``drop_last``, the rank's shard and a resumed epoch's
+remaining indices are all the sampler's (NOTE [one plan, two engines] in
+:mod:`fastload.engines.dali`), so engines never decide what to read, only how.
+
+An engine
+
+* says whether it can run a loader, and why not (:meth:`Engine.blocker`), before it is built;
+* yields one epoch's batches from :meth:`Engine.epoch`: plain batches, or
+  :class:`fastload.batchinfo.Envelope` objects that carry the batch with the time spent
+  fetching, decoding and collating it and the samples skipped under ``on_error="skip"``;
+  a failed sample raises an error that names its file and index;
+* keeps what a resume needs beyond the batch plan in :meth:`Engine.state_dict` (most
+  engines: nothing, since the plan already is the position);
+* leaves no thread or process behind after :meth:`Engine.close`.
+
+tests/contracts/test_engines.py holds every registered engine to this.
+
+Example::
+
+    >>> engine = engine_class("dali").build(context)   # built by fastload.DataLoader
+    >>> for item in engine.epoch(): ...
+    >>> engine.close()
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.utils.data
+from torch.utils.data import Dataset
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """What a loader asks of an engine, known before the loader is built.
+
+    Attributes:
+        dataset: the user's dataset.
+        device: where batches go (None: host memory).
+        batched: whether the loader yields batches (``batch_size`` or ``batch_sampler`` set).
+        collate_fn, worker_init_fn: the user's, if any.
+        cuda_available: whether a CUDA GPU can be used; None asks torch.
+    """
+
+    dataset: Dataset
+    device: torch.device | None = None
+    batched: bool = True
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    worker_init_fn: Callable[[int], None] | None = None
+    cuda_available: bool | None = None
+
+    @property
+    def has_cuda(self) -> bool:
+        return self.cuda_available if self.cuda_available is not None else torch.cuda.is_available()
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    """What an engine is built from: the loader and the settings resolved for it.
+
+    Attributes:
+        loader: the facade (a ``torch.utils.data.DataLoader``); the torch engine runs its
+            iterator, others read nothing from it.
+        dataset: the dataset as the engine runs it (without Normalize when the loader
+            normalizes on the device).
+        batch_sampler: the batch plan, iterated once per epoch.
+        batch_size: the largest batch; None when a user batch sampler decides.
+        device: where batches go (None: host memory).
+        num_threads: the parallelism the settings chose (worker processes or threads).
+        pin_memory: put host batches in pinned memory.
+        draws_like_torch: persistence of workers was fastload's choice, not the user's
+            (NOTE [auto persistence draws like torch] in :mod:`fastload.engines.torch`).
+    """
+
+    loader: torch.utils.data.DataLoader
+    dataset: Dataset
+    batch_sampler: Any
+    batch_size: int | None
+    device: torch.device | None
+    num_threads: int
+    pin_memory: bool
+    draws_like_torch: bool = False
+
+
+class Engine(abc.ABC):
+    """Base of the engines: runs the epochs of one loader (see the module's contract)."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    @abc.abstractmethod
+    def build(cls, context: EngineContext) -> Engine:
+        """The engine for one loader."""
+
+    @classmethod
+    def blocker(cls, request: EngineRequest) -> str | None:
+        """Why this engine cannot give what torch would for ``request``; None if it can."""
+        return None
+
+    @abc.abstractmethod
+    def epoch(self) -> Iterator[Any]:
+        """One epoch's batches (or Envelopes), in the order of the loader's batch plan."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resume needs beyond the batch plan (saved with the loader's state)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` before the next :meth:`epoch`."""
+
+    def restart(self) -> None:
+        """Forget anything kept between epochs (persistent workers), so the next epoch
+        starts from the dataset as it is now."""
+
+    def close(self) -> None:
+        """Stop every thread and process the engine started."""

@@ -1,0 +1,75 @@
+"""The torch engine: torch's own DataLoader iterator, worker processes and all.
+
+This is the only module of fastload that touches torch's DataLoader internals (its
+``_iterator``, the persistent iterator torch keeps between epochs). Everything torch does
+stays torch's: worker processes, their seeds, pinning, ``timeout``, ``in_order``.
+
+Example::
+
+    >>> engine = TorchEngine(loader, draws_like_torch=True)
+    >>> batches = engine.epoch()            # torch.utils.data.DataLoader.__iter__(loader)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.utils.data
+
+from fastload.engines.base import Engine, EngineContext
+
+logger = logging.getLogger(__name__)
+
+
+class TorchEngine(Engine):
+    """Runs a loader's epochs on torch's iterator.
+
+    Args:
+        loader: the torch DataLoader (fastload's facade) whose epochs this engine runs.
+        draws_like_torch: persistence was fastload's choice, not the user's: draw the base
+            seed torch would have drawn for a new iterator (NOTE [auto persistence draws
+            like torch]).
+    """
+
+    name = "torch"
+
+    @classmethod
+    def build(cls, context: EngineContext) -> TorchEngine:
+        return cls(context.loader, draws_like_torch=context.draws_like_torch)
+
+    def __init__(self, loader: torch.utils.data.DataLoader, *, draws_like_torch: bool = False) -> None:
+        self._loader = loader
+        self._draws_like_torch = draws_like_torch
+
+    @property
+    def reuses_iterator(self) -> bool:
+        """Whether the next epoch resets torch's persistent iterator instead of building one."""
+        return self._loader._iterator is not None
+
+    def epoch(self) -> Iterator[Any]:
+        loader = self._loader
+        if self._draws_like_torch and loader._iterator is not None:
+            # NOTE [auto persistence draws like torch]
+            # torch draws one base seed from the generator for every new iterator, but a
+            # reused persistent iterator draws none. When persistence was fastload's choice,
+            # not the user's, draw (and drop) that number, so the caller's random stream and
+            # a RandomSampler's order in later epochs are exactly what torch's default gives.
+            torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+        return torch.utils.data.DataLoader.__iter__(loader)
+
+    def restart(self) -> None:
+        """Shut down persistent workers; the next epoch starts new ones from the dataset now."""
+        iterator = self._loader._iterator
+        if iterator is None:
+            return
+        self._loader._iterator = None
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        logger.info("restarted the loader's persistent workers")
+
+    def close(self) -> None:
+        self.restart()
