@@ -12,8 +12,9 @@ Example::
     >>> print(batches.meter.summary())
 """
 
-from fastload.meter.recorder import Metered, MeteredIterator, StarvationMeter, batch_length, measure
+from fastload.meter.recorder import MeteredIterator, StarvationMeter, batch_length
 from fastload.meter.report import Diagnosis, Summary, Verdict, WorkerWork, diagnose, verdict_for
+from fastload.meter.wrap import Metered, measure
 
 __all__ = [
     "Diagnosis",

@@ -1,7 +1,9 @@
 """The meter's exports: JSON records, a PNG plot, TensorBoard scalars.
 
-matplotlib (``pip install 'fastload[plot]'``) and tensorboard
-(``pip install 'fastload[tensorboard]'``) are optional and imported only when used.
+They read only what :class:`MeterData` names, the meter's public ``summary()`` and
+``records()``, so this module does not import the recorder (no import cycle). matplotlib
+(``pip install 'fastload[plot]'``) and tensorboard (``pip install 'fastload[tensorboard]'``)
+are optional and imported only when used.
 
 Example::
 
@@ -13,15 +15,23 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastload.errors import MissingDependencyError
 
 if TYPE_CHECKING:
-    from fastload.meter.recorder import StarvationMeter
+    from fastload.meter.report import Summary
 
 
-def write_json(meter: StarvationMeter, path: str | os.PathLike[str]) -> None:
+class MeterData(Protocol):
+    """What the exports read from a meter (a :class:`~fastload.meter.StarvationMeter` is one)."""
+
+    def summary(self) -> Summary: ...
+
+    def records(self) -> list[dict[str, Any]]: ...
+
+
+def write_json(meter: MeterData, path: str | os.PathLike[str]) -> None:
     """One record per batch plus the summary, as one JSON document."""
     summary = meter.summary()
     doc = {"summary": summary.as_dict(), "report": str(summary), "batches": meter.records()}
@@ -29,7 +39,7 @@ def write_json(meter: StarvationMeter, path: str | os.PathLike[str]) -> None:
         json.dump(doc, f, indent=1)
 
 
-def write_plot(meter: StarvationMeter, path: str | os.PathLike[str]) -> None:
+def write_plot(meter: MeterData, path: str | os.PathLike[str]) -> None:
     """A PNG with the wait (and GPU idle) per batch over time and the wait histogram."""
     try:
         import matplotlib
@@ -48,7 +58,9 @@ def write_plot(meter: StarvationMeter, path: str | os.PathLike[str]) -> None:
     fig, (over_time, histogram) = plt.subplots(1, 2, figsize=(12, 4.5))
     try:
         over_time.plot(t, wait_ms, ".", markersize=3, label="host wait")
-        idle = [(r["start_s"], r["gpu_idle_s"] * 1e3) for r in records if r["gpu_idle_s"] is not None]
+        idle = [
+            (r["start_s"], r["gpu_idle_s"] * 1e3) for r in records if r["gpu_idle_s"] is not None
+        ]
         if idle:
             over_time.plot(*zip(*idle), ".", markersize=3, label="GPU idle")
         over_time.set_xlabel("time since the first batch (s)")
@@ -79,7 +91,19 @@ def open_summary_writer(log_dir: str | os.PathLike[str]) -> Any:
     return SummaryWriter(log_dir=os.fspath(log_dir))
 
 
-def write_tensorboard(meter: StarvationMeter, writer: Any) -> None:
+def as_summary_writer(target: Any) -> Any:
+    """``target`` itself when it is a SummaryWriter (has ``add_scalar``), else one opened on it.
+
+    Example::
+
+        >>> writer = as_summary_writer("runs/x")     # or as_summary_writer(my_writer)
+    """
+    if hasattr(target, "add_scalar"):
+        return target
+    return open_summary_writer(target)
+
+
+def write_tensorboard(meter: MeterData, writer: Any) -> None:
     """Per-batch scalars: ``fastload/wait_ms``, ``fastload/step_ms``, ``fastload/gpu_idle_ms``."""
     for r in meter.records():
         writer.add_scalar("fastload/wait_ms", r["wait_s"] * 1e3, r["batch"])

@@ -1,8 +1,10 @@
-"""The starvation meter: how long the training loop waited for each batch, and why.
+"""The starvation meter's recording side: the per-batch hot path and the meter's API.
 
-Every :class:`fastload.DataLoader` carries one (``loader.meter``); :func:`measure` puts the
-same meter around any other iterable of batches (a stock torch DataLoader, a DALI
-iterator) without changing what it yields.
+Every :class:`fastload.DataLoader` carries one (``loader.meter``); :func:`~.wrap.measure`
+puts the same meter around any other iterable of batches (a stock torch DataLoader, a DALI
+iterator) without changing what it yields. What the records mean is computed elsewhere,
+only when asked for: numbers and the summary in :mod:`.analysis`, the periodic log line in
+:mod:`.periodic`, files in :mod:`.export`.
 
 Per batch it records, with ``time.perf_counter`` into preallocated-growth float arrays (no
 locks, no formatting on the hot path):
@@ -34,17 +36,20 @@ import math
 import operator
 import time
 from array import array
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
-import torch.utils.data
 
 from fastload.errors import ConfigError
+from fastload.meter.analysis import Recording, batch_records, summarize
 from fastload.meter.cuda import CudaIdleProbe
-from fastload.meter.report import Diagnosis, Summary, Verdict, WorkerWork, diagnose, verdict_for
-from fastload.settings import Machine
+from fastload.meter.export import as_summary_writer, write_json, write_plot, write_tensorboard
+from fastload.meter.periodic import report_window
+from fastload.meter.report import Summary
+
+if TYPE_CHECKING:
+    from fastload.settings import Machine
 
 logger = logging.getLogger(__name__)
 
@@ -107,8 +112,8 @@ class StarvationMeter:
     """Measures, per batch, how long a training loop waits for its input, and diagnoses why.
 
     Args:
-        log_every: log a one-line report through ``logging`` (logger ``fastload.meter.core``,
-            level INFO) every this many batches; None = never.
+        log_every: log a one-line report through ``logging`` (logger
+            ``fastload.meter.periodic``, level INFO) every this many batches; None = never.
         tensorboard: a ``torch.utils.tensorboard.SummaryWriter`` (or a log directory to open
             one in) that receives the periodic scalars; needs ``tensorboard`` installed.
         gpu: measure GPU idle with CUDA events. None (default) = when CUDA is in use in this
@@ -149,7 +154,7 @@ class StarvationMeter:
         self.machine = machine
         self.batch_size = batch_size
         self.on_device = False
-        self._tensorboard = _open_tensorboard(tensorboard) if tensorboard is not None else None
+        self._tensorboard = as_summary_writer(tensorboard) if tensorboard is not None else None
         self.reset()
 
     def reset(self) -> None:
@@ -228,47 +233,35 @@ class StarvationMeter:
         self._open = False
         self._upstream = 0.0
 
-    # -- analysis -----------------------------------------------------------------------
+    # -- reading it back (none of this runs per batch) ------------------------------------
 
     @property
     def batches(self) -> int:
         """Batches delivered so far."""
         return len(self._end)
 
-    def _table(self, lo: int, hi: int) -> dict[str, np.ndarray]:
-        """Per-batch arrays for batches ``lo..hi-1``: wait, step (nan if open), first-of-pass."""
-        n = len(self._end)
-        start = np.array(self._start[lo : min(hi + 1, n)], dtype=np.float64)
-        end = np.array(self._end[lo:hi], dtype=np.float64)
-        following = np.full(hi - lo, math.nan)
-        following[: len(start) - 1] = start[1:]
-        first = np.zeros(hi - lo, dtype=bool)
-        for p, f in enumerate(self._pass_first):
-            if lo <= f < hi:
-                first[f - lo] = True
-            if p > 0 and lo < f <= hi:  # the batch before a pass start ended the pass before
-                following[f - 1 - lo] = self._pass_end[p - 1]
-        if hi == n and n and self._pass_end:
-            following[-1] = self._pass_end[-1]
-        return {
-            "start": start[: hi - lo],
-            "wait": end - start[: hi - lo],
-            "step": following - start[: hi - lo],
-            "first": first,
-            "samples": np.array(self._samples[lo:hi], dtype=np.int64),
-        }
+    def recording(self) -> Recording:
+        """The recorded columns, live (not copies), for :mod:`.analysis`; read, never change.
 
-    def _gpu_idle(self, lo: int, hi: int) -> np.ndarray | None:
-        if self._probe is None:
-            return None
-        idle = self._probe.idle_s
-        return np.array([idle.get(i, math.nan) for i in range(lo, hi)], dtype=np.float64)
+        Example::
 
-    def _work(self) -> WorkerWork | None:
-        if not self._work_at or not len(self._end):
-            return None
-        n = len(self._end)
-        return WorkerWork(sum(self._fetch) / n, sum(self._decode) / n, sum(self._collate) / n)
+            >>> rec = loader.meter.recording()
+            >>> rec.end[-1] - rec.start[-1]   # the last batch's wait, seconds
+            0.0021
+        """
+        return Recording(
+            start=self._start,
+            end=self._end,
+            samples=self._samples,
+            copy=self._copy if self.copy_split else None,
+            work_at=self._work_at,
+            fetch=self._fetch,
+            decode=self._decode,
+            collate=self._collate,
+            pass_first=self._pass_first,
+            pass_end=self._pass_end,
+            gpu_idle=self._probe.idle_s if self._probe is not None else None,
+        )
 
     def summary(self) -> Summary:
         """The report: batches, samples/s, wait p50/p95/max, waiting share, verdict, fix.
@@ -277,154 +270,34 @@ class StarvationMeter:
         """
         if self._probe is not None:
             self._probe.flush()
-        machine = self.machine or Machine.probe()
-        n = len(self._end)
-        t = self._table(0, n)
-        wait, step, first = t["wait"], t["step"], t["first"]
-        known = np.isfinite(step)
-        steady = known & ~first
-        if not steady.any():
-            steady = known
-        passes = len(self._pass_first)
-        wall = 0.0
-        for p, f in enumerate(self._pass_first):
-            last = self._pass_first[p + 1] - 1 if p + 1 < passes else n - 1
-            finish = self._pass_end[p] if math.isfinite(self._pass_end[p]) else self._end[last]
-            wall += finish - self._start[f]
-        samples = int(t["samples"].sum())
-        copy = (
-            float(np.array(self._copy, dtype=np.float64)[steady].mean())
-            if self.copy_split and len(self._copy) == n and steady.any()
-            else None
-        )
-        work = self._work()
-        idle = self._gpu_idle(0, n)
-        idle_p50 = idle_share = None
-        if idle is not None:
-            measured = steady & np.isfinite(idle)
-            if measured.any():
-                idle_p50 = float(np.median(idle[measured]))
-                idle_share = float(idle[measured].sum() / step[measured].sum())
-        if steady.any():
-            w, s = wait[steady], step[steady]
-            share = float(w.sum() / s.sum()) if s.sum() > 0 else 0.0
-            p50, p95, wmax = (float(v) for v in np.percentile(w, [50, 95, 100]))
-            step_mean = float(s.mean())
-            compute_mean = float(max(0.0, (s - w).mean()))
+        if self.machine is None:
+            from fastload.settings import Machine  # probed only when a summary is asked for
+
+            machine = Machine.probe()
         else:
-            share = p50 = p95 = wmax = step_mean = compute_mean = 0.0
-        judged = idle_share if idle_share is not None else share
-        if steady.any():
-            diagnosis = diagnose(
-                share=judged,
-                wait_s=float(wait[steady].mean()),
-                step_s=step_mean,
-                copy_s=copy,
-                work=work,
-                num_workers=self.num_workers,
-                cores=machine.cores_per_rank,
-                gpus=machine.gpus,
-                on_device=self.on_device,
-            )
-        else:
-            diagnosis = Diagnosis("none", "measure more batches", "no batch has a complete step yet")
-        return Summary(
-            batches=n,
-            samples=samples,
-            passes=passes,
-            wall_s=wall,
-            samples_per_s=samples / wall if wall > 0 else 0.0,
-            steady_batches=int(steady.sum()),
-            step_mean_s=step_mean,
-            compute_mean_s=compute_mean,
-            wait_p50_s=p50,
-            wait_p95_s=p95,
-            wait_max_s=wmax,
-            wait_share=share,
-            startup_wait_s=float(wait[first].sum()),
-            copy_mean_s=copy,
-            work=work,
+            machine = self.machine
+        return summarize(
+            self.recording(),
             num_workers=self.num_workers,
             cores=machine.cores_per_rank,
             gpus=machine.gpus,
-            gpu_idle_p50_s=idle_p50,
-            gpu_idle_share=idle_share,
-            measured_by=(
-                "host wait around next(), GPU idle from CUDA events on the consuming stream"
-                if self._probe is not None
-                else "host wait around next() only (no CUDA in use: GPU idle not measured)"
-            ),
-            verdict=verdict_for(judged) if steady.any() else Verdict.NOT,
-            diagnosis=diagnosis,
+            on_device=self.on_device,
         )
 
     def records(self) -> list[dict[str, Any]]:
         """One dict per batch: times in seconds from the first ``next()``, None where unknown."""
-        n = len(self._end)
         if self._probe is not None:
             self._probe.flush()
-        t = self._table(0, n)
-        idle = self._gpu_idle(0, n)
-        origin = self._start[0] if n else 0.0
-        work: dict[int, list[float]] = {}
-        for i, at in enumerate(self._work_at):
-            acc = work.setdefault(min(at, n - 1), [0.0, 0.0, 0.0])
-            acc[0] += self._fetch[i]
-            acc[1] += self._decode[i]
-            acc[2] += self._collate[i]
-        passes = np.searchsorted(np.array(self._pass_first), np.arange(n), side="right") - 1
-        out = []
-        for i in range(n):
-            step = float(t["step"][i])
-            fetch_decode_collate = work.get(i)
-            out.append({
-                "batch": i,
-                "pass": int(passes[i]),
-                "start_s": float(t["start"][i] - origin),
-                "wait_s": float(t["wait"][i]),
-                "step_s": step if math.isfinite(step) else None,
-                "samples": int(t["samples"][i]),
-                "copy_s": self._copy[i] if self.copy_split and i < len(self._copy) else None,
-                "fetch_s": fetch_decode_collate[0] if fetch_decode_collate else None,
-                "decode_s": fetch_decode_collate[1] if fetch_decode_collate else None,
-                "collate_s": fetch_decode_collate[2] if fetch_decode_collate else None,
-                "gpu_idle_s": (
-                    float(idle[i]) if idle is not None and math.isfinite(idle[i]) else None
-                ),
-            })
-        return out
+        return batch_records(self.recording())
 
     def _report_period(self) -> None:
         n = len(self._end)
-        lo = max(0, n - (self.log_every or n))
-        t = self._table(lo, n)
-        known = np.isfinite(t["step"]) & ~t["first"]
-        if not known.any():
-            return
-        w, s = t["wait"][known], t["step"][known]
-        share = float(w.sum() / s.sum()) if s.sum() > 0 else 0.0
-        p50 = float(np.median(w))
-        logger.info(
-            "batches %d-%d: wait p50 %.2f ms, max %.2f ms, %.1f%% of step time waiting (%s)",
-            lo, n - 1, p50 * 1e3, float(w.max()) * 1e3, share * 100, verdict_for(share).value,
-        )
-        if self._tensorboard is not None:
-            self._tensorboard.add_scalar("fastload/wait_p50_ms", p50 * 1e3, n)
-            self._tensorboard.add_scalar("fastload/wait_share", share, n)
-            idle = self._gpu_idle(lo, n)
-            if idle is not None and np.isfinite(idle[known]).any():
-                ok = known & np.isfinite(idle)
-                self._tensorboard.add_scalar(
-                    "fastload/gpu_idle_share", float(idle[ok].sum() / t["step"][ok].sum()), n
-                )
-            self._tensorboard.flush()  # every N batches: a crash loses at most one period
+        report_window(self.recording(), max(0, n - (self.log_every or n)), n, self._tensorboard)
 
     # -- exports ------------------------------------------------------------------------
 
     def to_json(self, path: str) -> None:
         """Write ``{"summary": ..., "batches": [one record per batch]}`` to ``path``."""
-        from fastload.meter.export import write_json
-
         write_json(self, path)
 
     def plot(self, path: str) -> None:
@@ -432,26 +305,16 @@ class StarvationMeter:
 
         Needs matplotlib: ``pip install 'fastload[plot]'``.
         """
-        from fastload.meter.export import write_plot
-
         write_plot(self, path)
 
     def to_tensorboard(self, writer: Any) -> None:
         """Write per-batch wait, step and GPU idle scalars to a SummaryWriter or log dir."""
-        from fastload.meter.export import write_tensorboard
-
-        write_tensorboard(self, _open_tensorboard(writer))
+        write_tensorboard(self, as_summary_writer(writer))
 
     def __repr__(self) -> str:
         return f"StarvationMeter({len(self._end)} batches, log_every={self.log_every})"
 
 
-def _open_tensorboard(target: Any) -> Any:
-    if hasattr(target, "add_scalar"):
-        return target
-    from fastload.meter.export import open_summary_writer
-
-    return open_summary_writer(target)
 
 
 class MeteredIterator(Iterator[Any]):
@@ -521,65 +384,3 @@ class MeteredIterator(Iterator[Any]):
         if self._extra:
             self._meter._after_batch(t0, t1)
         return batch
-
-
-class Metered(Iterable[Any]):
-    """An iterable of batches with a meter around it; see :func:`measure`.
-
-    Each ``iter()`` starts a pass. ``len()`` and any other attribute (a DALI iterator's
-    ``reset()``, a DataLoader's ``dataset``) are those of the wrapped iterable.
-    """
-
-    def __init__(self, iterable: Iterable[Any], meter: StarvationMeter) -> None:
-        self.iterable = iterable
-        self.meter = meter
-
-    def __iter__(self) -> MeteredIterator:
-        return self.meter.track(iter(self.iterable))
-
-    def __len__(self) -> int:
-        return len(self.iterable)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("iterable", "meter"):  # not yet set (unpickling)
-            raise AttributeError(name)
-        return getattr(self.iterable, name)
-
-
-def measure(
-    iterable: Iterable[Any],
-    *,
-    meter: StarvationMeter | None = None,
-    num_workers: int | None = None,
-    log_every: int | None = None,
-    gpu: bool | None = None,
-) -> Metered:
-    """Wrap any iterable of batches with a starvation meter; what it yields is unchanged.
-
-    Use it to measure a stock ``torch.utils.data.DataLoader`` or a DALI iterator before
-    switching to fastload. ``num_workers`` defaults to the iterable's own ``num_workers``
-    attribute when it has one (torch's DataLoader does).
-
-    Example::
-
-        >>> from fastload.meter import measure
-        >>> batches = measure(torch.utils.data.DataLoader(ds, batch_size=64, num_workers=4))
-        >>> for x, y in batches:
-        ...     step(x, y)
-        >>> print(batches.meter.summary())
-    """
-    if meter is None:
-        workers = num_workers
-        if workers is None and isinstance(getattr(iterable, "num_workers", None), int):
-            workers = iterable.num_workers  # type: ignore[attr-defined]
-        # A torch DataLoader with batch_size=None yields single samples.
-        unbatched = isinstance(iterable, torch.utils.data.DataLoader) and (
-            iterable.batch_size is None and iterable.batch_sampler is None
-        )
-        batch_size = 1 if unbatched else None
-        meter = StarvationMeter(
-            log_every=log_every, gpu=gpu, num_workers=workers, batch_size=batch_size
-        )
-    elif num_workers is not None:
-        meter.num_workers = num_workers
-    return Metered(iterable, meter)
