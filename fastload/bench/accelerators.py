@@ -135,6 +135,157 @@ def batch_samples(batch: Any) -> int:
     return 1
 
 
+class AcceleratorEmulator:
+    """N emulated accelerators fed by one loader, for a time budget (see the module docstring).
+
+    One feed thread iterates ``loader`` and puts each batch's sample count into a queue of N
+    slots; each accelerator thread takes the next count and sleeps for its compute time.
+    :meth:`run` starts them, waits for the budget to be spent and returns the
+    :class:`Emulation`; each call is a fresh run over the same loader.
+
+    Example::
+
+        >>> emulator = AcceleratorEmulator(loader, workload("resnet50", "h100"), 2, seconds=20)
+        >>> emulator.run().au
+        0.93
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[Any],
+        workload: Workload,
+        accelerators: int,
+        *,
+        seconds: float,
+        one_epoch: bool = False,
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        if accelerators < 1:
+            raise ConfigError(f"accelerators must be >= 1, got {accelerators}")
+        if seconds <= 0:
+            raise ConfigError(f"seconds must be > 0, got {seconds}")
+        self.loader = loader
+        self.workload = workload
+        self.accelerators = accelerators
+        self.seconds = seconds
+        self.one_epoch = one_epoch
+        self.startup_timeout_s = startup_timeout_s
+        self.progress = progress
+        self._clock_lock = threading.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._batches: queue.Queue[int] = queue.Queue(maxsize=self.accelerators)
+        self._stop = threading.Event()
+        self._exhausted = threading.Event()
+        self._errors: list[BaseException] = []
+        self._usage: list[AcceleratorUsage | None] = [None] * self.accelerators
+        # NOTE [the clock starts at the first batch]: until any accelerator has a batch, the
+        # deadline is the start-up timeout; the first arrival sets it to arrival + seconds, and
+        # every accelerator's waiting counts from that moment (start-up is no training step).
+        self._start = time.perf_counter()
+        self._first = math.inf
+        self._deadline = self._start + self.startup_timeout_s
+
+    def run(self) -> Emulation:
+        """Emulate until the time is up (or one epoch is done); errors of the loader are raised."""
+        self._reset()
+        feeder = threading.Thread(target=self._feed, name="fastload-bench-feeder")
+        threads = [
+            threading.Thread(target=self._accelerate, args=(i,), name=f"fastload-bench-accel-{i}")
+            for i in range(self.accelerators)
+        ]
+        feeder.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        end = time.perf_counter()
+        self._stop.set()
+        feeder.join()
+        if self._errors:
+            raise self._errors[0]
+        first = self._first
+        return Emulation(
+            accelerators=self.accelerators,
+            workload=self.workload,
+            seconds=end - self._start,
+            fed_s=max(0.0, end - first) if math.isfinite(first) else 0.0,
+            usage=tuple(u for u in self._usage if u is not None),
+            loader_workers=int(getattr(self.loader, "num_workers", 0)),
+            batch_size=int(getattr(self.loader, "batch_size", 0) or 0),
+        )
+
+    def _arrived(self, at: float) -> None:
+        """A batch reached an accelerator at ``at``; the first one starts the clock."""
+        with self._clock_lock:
+            if math.isinf(self._first):
+                self._first, self._deadline = at, at + self.seconds
+
+    def _feed(self) -> None:
+        """The feed thread: the loader's batches, as sample counts, into the queue."""
+        try:
+            while not self._stop.is_set():
+                for batch in self.loader:
+                    n = batch_samples(batch)
+                    del batch  # an accelerator keeps only the count; free the tensors now
+                    while not self._stop.is_set():
+                        try:
+                            self._batches.put(n, timeout=_POLL_S)
+                            break
+                        except queue.Full:
+                            continue
+                    if self._stop.is_set():
+                        break
+                if self.one_epoch:
+                    break
+        except BaseException as exc:  # re-raised in the caller's thread by run()
+            self._errors.append(exc)
+            self._stop.set()
+        finally:
+            self._exhausted.set()
+
+    def _next_batch(self) -> int | None:
+        """The next batch's sample count, or None when the run is over."""
+        while not self._stop.is_set() and time.perf_counter() < self._deadline:
+            try:
+                n = self._batches.get(timeout=_POLL_S)
+            except queue.Empty:
+                if self._exhausted.is_set() and self._batches.empty():
+                    return None
+                continue
+            got = time.perf_counter()
+            self._arrived(got)
+            return n if got < self._deadline else None  # too late to compute in this run
+        return None
+
+    def _accelerate(self, index: int) -> None:
+        """One accelerator thread: take a batch, sleep its compute time, count the waiting."""
+        n_batches = n_samples = 0
+        compute = wait = 0.0
+        while True:
+            t0 = max(time.perf_counter(), self._first)
+            n = self._next_batch()
+            got = time.perf_counter()
+            deadline = self._deadline
+            if math.isfinite(self._first):
+                wait += max(0.0, min(got, deadline) - t0)
+            if n is None:
+                break
+            step = min(n * self.workload.sample_s, max(0.0, deadline - got))
+            if step > 0:
+                time.sleep(step)
+            compute += step
+            n_batches += 1
+            n_samples += n
+            if self.progress is not None and index == 0:
+                elapsed = max(0.0, time.perf_counter() - self._first)
+                self.progress(min(1.0, elapsed / self.seconds))
+        startup = min(self._first, time.perf_counter()) - self._start
+        self._usage[index] = AcceleratorUsage(index, n_batches, n_samples, compute, wait, startup)
+
+
 def emulate(
     loader: Iterable[Any],
     workload: Workload,
@@ -151,111 +302,15 @@ def emulate(
     latency are not training steps); if none arrives within ``startup_timeout_s`` the run
     ends empty. The loader is iterated epoch after epoch (only once with ``one_epoch``, e.g.
     to measure a cold cache) until the time is up. Errors of the loader are raised here.
+    A shorthand for ``AcceleratorEmulator(...).run()``.
+
+    Example::
+
+        >>> run = emulate(loader, workload("resnet50", "h100"), accelerators=2, seconds=20)
+        >>> run.au
+        0.93
     """
-    if accelerators < 1:
-        raise ConfigError(f"accelerators must be >= 1, got {accelerators}")
-    if seconds <= 0:
-        raise ConfigError(f"seconds must be > 0, got {seconds}")
-    batches: queue.Queue[int] = queue.Queue(maxsize=accelerators)
-    stop = threading.Event()
-    exhausted = threading.Event()
-    errors: list[BaseException] = []
-    start = time.perf_counter()
-    # NOTE [the clock starts at the first batch]: until any accelerator has a batch, the
-    # deadline is the start-up timeout; the first arrival sets it to arrival + seconds, and
-    # every accelerator's waiting counts from that moment (start-up is no training step).
-    clock = {"first": math.inf, "deadline": start + startup_timeout_s}
-    clock_lock = threading.Lock()
-
-    def arrived(at: float) -> None:
-        with clock_lock:
-            if math.isinf(clock["first"]):
-                clock["first"], clock["deadline"] = at, at + seconds
-
-    def feed() -> None:
-        try:
-            while not stop.is_set():
-                for batch in loader:
-                    n = batch_samples(batch)
-                    del batch  # an accelerator keeps only the count; free the tensors now
-                    while not stop.is_set():
-                        try:
-                            batches.put(n, timeout=_POLL_S)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
-                        break
-                if one_epoch:
-                    break
-        except BaseException as exc:  # re-raised in the caller's thread below
-            errors.append(exc)
-            stop.set()
-        finally:
-            exhausted.set()
-
-    results: list[AcceleratorUsage | None] = [None] * accelerators
-
-    def next_batch() -> int | None:
-        """The next batch's sample count, or None when the run is over."""
-        while not stop.is_set() and time.perf_counter() < clock["deadline"]:
-            try:
-                n = batches.get(timeout=_POLL_S)
-            except queue.Empty:
-                if exhausted.is_set() and batches.empty():
-                    return None
-                continue
-            got = time.perf_counter()
-            arrived(got)
-            return n if got < clock["deadline"] else None  # too late to compute in this run
-        return None
-
-    def accelerate(index: int) -> None:
-        n_batches = n_samples = 0
-        compute = wait = 0.0
-        while True:
-            t0 = max(time.perf_counter(), clock["first"])
-            n = next_batch()
-            got = time.perf_counter()
-            deadline = clock["deadline"]
-            if math.isfinite(clock["first"]):
-                wait += max(0.0, min(got, deadline) - t0)
-            if n is None:
-                break
-            step = min(n * workload.sample_s, max(0.0, deadline - got))
-            if step > 0:
-                time.sleep(step)
-            compute += step
-            n_batches += 1
-            n_samples += n
-            if progress is not None and index == 0:
-                progress(min(1.0, max(0.0, time.perf_counter() - clock["first"]) / seconds))
-        startup = min(clock["first"], time.perf_counter()) - start
-        results[index] = AcceleratorUsage(index, n_batches, n_samples, compute, wait, startup)
-
-    feeder = threading.Thread(target=feed, name="fastload-bench-feeder")
-    threads = [
-        threading.Thread(target=accelerate, args=(i,), name=f"fastload-bench-accel-{i}")
-        for i in range(accelerators)
-    ]
-    feeder.start()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    end = time.perf_counter()
-    stop.set()
-    feeder.join()
-    if errors:
-        raise errors[0]
-    first = clock["first"]
-    usage = tuple(u for u in results if u is not None)
-    return Emulation(
-        accelerators=accelerators,
-        workload=workload,
-        seconds=end - start,
-        fed_s=max(0.0, end - first) if math.isfinite(first) else 0.0,
-        usage=usage,
-        loader_workers=int(getattr(loader, "num_workers", 0)),
-        batch_size=int(getattr(loader, "batch_size", 0) or 0),
-    )
+    return AcceleratorEmulator(
+        loader, workload, accelerators, seconds=seconds, one_epoch=one_epoch,
+        startup_timeout_s=startup_timeout_s, progress=progress,
+    ).run()
