@@ -4,7 +4,8 @@ Measures, at any fsspec URL and within a time budget: an inventory of the files,
 throughput against concurrency with per-object latency and random range reads, the decode +
 augment rate per core, and an MLPerf-Storage-style emulation of N accelerators fed by a real
 fastload loader; then says in one sentence how many accelerators the data keeps at the AU bar
-and what limits it. See docs/bench.md.
+and what limits it. See docs/bench.md. The command line prints the report
+(:mod:`fastload.commands.render`); this package itself writes nothing to the console.
 
 Example::
 
@@ -13,8 +14,8 @@ Example::
     >>> print(report.verdict)
 """
 
-from fastload.bench.report import BenchReport, Measurements, render
+from fastload.bench.report import BenchReport, Measurements
 from fastload.bench.runner import run_bench
 from fastload.bench.workloads import WORKLOADS, Workload, workload
 
-__all__ = ["WORKLOADS", "BenchReport", "Measurements", "Workload", "render", "run_bench", "workload"]
+__all__ = ["WORKLOADS", "BenchReport", "Measurements", "Workload", "run_bench", "workload"]

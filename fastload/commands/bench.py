@@ -1,7 +1,8 @@
 """``fastload bench URL``: can this storage feed my GPUs?
 
 A thin layer over :func:`fastload.bench.run_bench`: progress on stderr, the report (rich
-tables and a one-sentence verdict, or one JSON document with ``--json``) on stdout.
+tables and a one-sentence verdict, :mod:`fastload.commands.render`, or one JSON document
+with ``--json``) on stdout.
 
 Example::
 
@@ -19,8 +20,9 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fastload.bench import render, run_bench
+from fastload.bench import run_bench
 from fastload.bench.workloads import ACCELERATORS, MODELS
+from fastload.commands.render import render
 
 
 @click.command("bench")
