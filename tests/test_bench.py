@@ -6,8 +6,11 @@ import json
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
+import fsspec
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 
 from fastload import DataLoader, ImageFolder
 from fastload.bench import accelerators, decode, throughput
@@ -83,6 +86,33 @@ def test_a_failing_range_read_is_an_error_naming_the_file(tmp_path: Path) -> Non
     (tmp_path / "a.bin").unlink()  # gone after the listing: a storage failure, not a skip
     with pytest.raises(StorageError, match=r"byte range of .*a\.bin"):
         throughput.range_reads(storage, entries, concurrency=1, read_bytes=1024)
+
+
+class BackendFailure(Exception):
+    """A backend's own error type, outside OSError (as botocore's and aiohttp's are)."""
+
+
+class FailingOpenFileSystem(LocalFileSystem):
+    """Local files whose listing works and whose every open fails with a non-OSError."""
+
+    protocol = "fastload-test-failing-open"
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        raise BackendFailure(f"connection reset while opening {path}")
+
+
+@pytest.mark.parametrize("chunk_bytes", [throughput.CHUNK_BYTES, 4096])  # one request / streamed
+def test_a_non_oserror_backend_failure_in_the_bench_copy_is_a_storage_error(
+    tmp_path: Path, chunk_bytes: int
+) -> None:
+    fsspec.register_implementation(FailingOpenFileSystem.protocol, FailingOpenFileSystem,
+                                   clobber=True)
+    (tmp_path / "a.bin").write_bytes(b"x" * 8192)
+    storage = Storage(f"{FailingOpenFileSystem.protocol}://{tmp_path}")
+    entries = take_inventory(storage).entries
+    with pytest.raises(StorageError, match=r"cannot read .*a\.bin: BackendFailure") as info:
+        throughput.read_sweep(storage, entries, levels=[1], chunk_bytes=chunk_bytes)
+    assert isinstance(info.value.__cause__, BackendFailure)
 
 
 def test_concurrency_levels() -> None:

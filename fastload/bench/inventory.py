@@ -21,6 +21,7 @@ from typing import Any
 
 from fastload.bench.stats import percentiles
 from fastload.errors import EmptyDatasetError, ObjectNotFoundError, StorageError
+from fastload.io.errors import storage_error
 from fastload.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -83,12 +84,13 @@ def take_inventory(storage: Storage) -> Inventory:
         exists = bool(found) or fs.exists(root)
     except FileNotFoundError as exc:
         raise ObjectNotFoundError(f"{storage.url} does not exist; check the path or URL") from exc
-    except Exception as exc:
-        # fsspec backends raise their own exception trees (botocore's EndpointConnectionError
-        # is no OSError), so any failure of the listing call is a storage failure here.
+    except Exception as exc:  # NOTE [storage errors] in fastload.io.errors: not only OSError
+        error = storage_error(exc, "list", storage.url)
+        if error is exc:  # already fastload's own error
+            raise
         raise StorageError(
-            f"cannot list {storage.url}: {type(exc).__name__}: {exc}. Check that the endpoint "
-            "is reachable and the credentials (storage options) are right."
+            f"{error}. Check that the endpoint is reachable and the credentials (storage "
+            "options) are right."
         ) from exc
     listing_s = time.perf_counter() - start
     if not exists:

@@ -24,11 +24,12 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from fastload.bench.inventory import FileEntry
 from fastload.bench.stats import per_second, percentiles_ms
 from fastload.errors import ConfigError, StorageError
+from fastload.io.errors import storage_errors
 from fastload.origin import read_whole
 from fastload.storage import Storage
 
@@ -248,12 +249,21 @@ def read_object(fs: Any, entry: FileEntry, buf: bytearray, storage: Storage) -> 
             while n := f.readinto(view):
                 total += n
         return total
-    except FileNotFoundError as exc:
+    except FileNotFoundError as exc:  # listed a moment ago: the dataset changed under the bench
         raise StorageError(
             f"{storage.to_url(entry.path)} disappeared during the benchmark; run it again"
         ) from exc
-    except OSError as exc:
-        raise StorageError(f"cannot read {storage.to_url(entry.path)}: {exc}") from exc
+    except Exception as exc:  # every backend's failure, not only OSError
+        _raise_storage_error(exc, "read", storage.to_url(entry.path))
+
+
+def _raise_storage_error(exc: Exception, action: str, url: str) -> NoReturn:
+    """Raise ``exc`` converted as NOTE [storage errors] in fastload.io.errors says, naming ``url``.
+
+    For ``except`` blocks around timed reads: the URL is built only when a read failed.
+    """
+    with storage_errors(action, url):
+        raise exc
 
 
 def range_reads(
@@ -276,16 +286,17 @@ def range_reads(
         return RangeReads(concurrency, 0, 0, 0.0, skipped_reason=(
             f"no file is at least {read_bytes} bytes, too small for range reads"
         ))
-    try:
-        probe = fs.cat_file(candidates[0].path, start=0, end=read_bytes)
-    except (NotImplementedError, ValueError, TypeError) as exc:  # the filesystem has no ranges
-        return RangeReads(concurrency, 0, 0, 0.0, skipped_reason=(
-            f"{storage.protocol}:// does not serve range reads here: {type(exc).__name__}: {exc}"
-        ))
-    except OSError as exc:  # a failing storage is an error, not a missing feature
-        raise StorageError(
-            f"cannot read a byte range of {storage.to_url(candidates[0].path)}: {exc}"
-        ) from exc
+    first = candidates[0]
+    # A failing storage is an error (converted to StorageError naming the file), not a
+    # missing feature; only a filesystem that refuses the call itself has no ranges.
+    with storage_errors("read a byte range of", storage.to_url(first.path)):
+        try:
+            probe = fs.cat_file(first.path, start=0, end=read_bytes)
+        except (NotImplementedError, ValueError, TypeError) as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            return RangeReads(concurrency, 0, 0, 0.0, skipped_reason=(
+                f"{storage.protocol}:// does not serve range reads here: {reason}"
+            ))
     if len(probe) != read_bytes:
         return RangeReads(concurrency, 0, 0, 0.0, skipped_reason=(
             f"a range read of {read_bytes} bytes returned {len(probe)} bytes"
@@ -301,8 +312,8 @@ def range_reads(
             t0 = time.perf_counter()
             try:
                 n = len(fs.cat_file(entry.path, start=offset, end=offset + read_bytes))
-            except OSError as exc:
-                raise StorageError(f"range read of {storage.to_url(entry.path)} failed: {exc}") from exc
+            except Exception as exc:
+                _raise_storage_error(exc, "read a byte range of", storage.to_url(entry.path))
             done.append((n, time.perf_counter() - t0))
         return done
 
