@@ -1,0 +1,423 @@
+"""A disk cache directory opened safely: its marker, its fixed layout, and files opened
+without ever following a symlink. The disk tier (:mod:`.disk`), its counters
+(:mod:`.diskstats`) and ``fastload cache`` (:mod:`.maintenance`) reach the directory only
+through :class:`CacheDir`.
+
+NOTE [a cache directory holds only fastload's files]
+A cache directory is often shared by a group, and anyone who can write it can plant a name
+in it (``entries/ab -> /home/you``, ``used -> ~/thesis.tex``). fastload never reads, writes
+or deletes through such a name, and never takes a user's directory for a cache:
+
+* A directory is a cache only if it holds ``fastload-cache.json`` with fastload's magic
+  string, its format and the version that wrote it. fastload writes one only into an empty
+  or new directory (atomically, with ``link``), so a directory of a user's files is refused,
+  never adopted.
+* The directory itself is opened once (it may be a symlink: that is the user's own path).
+  ``entries/``, ``tmp/`` and ``locks/`` are opened once with ``O_DIRECTORY | O_NOFOLLOW``;
+  every other name is opened relative to one of these descriptors (``dir_fd=``) with
+  ``O_NOFOLLOW``, so no component below the root is ever resolved through a symlink.
+* Files are opened with ``O_NONBLOCK`` (a planted FIFO cannot hang a process) and must be
+  regular files (``fstat``); ``used``, written in place, must also have a single link. Lock
+  files are opened without ``O_TRUNC`` (fastload's own ``flock``).
+* Anything else is *foreign* (:class:`Foreign`): left alone, reported by
+  ``fastload cache verify`` and ``clear``.
+
+Example::
+
+    >>> d = CacheDir(Path("/nvme/fastload"), create=True)
+    >>> d.store_entry("ab" + "0" * 30, [b"header", b"value"])
+    >>> d.open_entry("ab" + "0" * 30).read()
+    b'headervalue'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import stat
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from fastload.cache.safefs import (
+    TEMP_PREFIX,
+    Foreign,
+    Found,
+    classify,
+    close_all,
+    describe,
+    flock,
+    listing,
+    open_dir,
+    open_file,
+    write_temp,
+)
+from fastload.errors import CacheError
+
+MARKER = "fastload-cache.json"
+MAGIC = "fastload cache directory"
+FORMAT = 1
+SUBDIRS = ("entries", "locks", "tmp")
+ROOT_FILES = (MARKER, "used", "stats.json", ".index.lock")
+OWN_NAMES = frozenset(SUBDIRS + ROOT_FILES)
+ENTRY_NAME = re.compile(r"[0-9a-f]{32}")
+SUBDIR_NAME = re.compile(r"[0-9a-f]{2}")
+LOCK_NAME = re.compile(r"[0-9a-f]{3}\.lock")
+_SMALL_FILE = 1 << 16  # the marker, used, stats.json
+
+__all__ = ["MARKER", "CacheDir", "Foreign", "Found", "LockTimeout"]
+
+
+class LockTimeout(Exception):
+    """The directory's index lock was not taken within its timeout."""
+
+
+class CacheDir:
+    """The cache directory at ``path``, opened (``create``: created) and checked.
+
+    Raises CacheError, saying why and what to do, for a directory that is not a cache (a
+    non-empty one without fastload's marker) or whose fixed names are not fastload's.
+    """
+
+    def __init__(self, path: Path, *, create: bool) -> None:
+        self.path = path
+        self._fds: list[int] = []
+        # Descriptors close with the object, never at exit: a finalizer may still flush then.
+        weakref.finalize(self, close_all, self._fds).atexit = False
+        self._root = self._open_root(create)
+        self.marker = self._marker(create)
+        self._check_layout()
+        self._entries, self._locks, self._tmp = (self._subdir(name) for name in SUBDIRS)
+        self._mutex = threading.Lock()
+
+    # -- opening ---------------------------------------------------------------------------
+
+    def _open_root(self, create: bool) -> int:
+        try:
+            if create:
+                self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise CacheError(
+                f"{self.path} is not a fastload cache directory (it does not exist); check the "
+                "path, or create the cache with `fastload cache warm`"
+            ) from None
+        except (FileExistsError, NotADirectoryError):
+            raise CacheError(f"{self.path} is a file, not a directory; give the cache a new or empty directory") from None
+        except OSError as exc:
+            raise CacheError(f"cannot open the cache directory {self.path}: {exc.strerror}; check the path and its permissions") from exc
+        self._fds.append(fd)
+        return fd
+
+    def _marker(self, create: bool) -> dict[str, Any]:
+        marker = self._read_marker()
+        if marker is not None:
+            return marker
+        try:
+            names = sorted(n for n in os.listdir(self._root) if not n.startswith(TEMP_PREFIX))
+        except OSError as exc:
+            raise CacheError(f"cannot list {self.path}: {exc.strerror}; check its permissions") from exc
+        if names:
+            marker = self._read_marker()  # another process may have just made it a cache
+            if marker is not None:
+                return marker
+            raise CacheError(
+                f"{self.path} is not empty and not a fastload cache (no {MARKER}; it holds "
+                f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''}); fastload makes a cache "
+                "only in an empty or new directory, so your files are never touched: give the "
+                "cache an empty or new directory"
+            )
+        if not create:
+            raise CacheError(
+                f"{self.path} is not a fastload cache directory (no {MARKER}); check the path, "
+                "or create the cache with `fastload cache warm`"
+            )
+        try:
+            self._create_marker()
+        except OSError as exc:
+            raise CacheError(f"cannot create a cache in {self.path}: {exc}; check its permissions and free space") from exc
+        marker = self._read_marker()
+        if marker is None:
+            raise CacheError(f"{self.path / MARKER} vanished while the cache was created; run again")
+        return marker
+
+    def _read_marker(self) -> dict[str, Any] | None:
+        where = self.path / MARKER
+        try:
+            raw = self._read_small(self._root, MARKER)
+        except FileNotFoundError:
+            return None
+        except Foreign as exc:
+            raise CacheError(f"{exc}: {self.path} is not used as a cache; remove {where} or give the cache a new directory") from None
+        except OSError as exc:
+            raise CacheError(f"cannot read {where}: {exc.strerror}; check its permissions") from exc
+        try:
+            marker = json.loads(raw)
+        except ValueError:
+            marker = None
+        if not isinstance(marker, dict) or marker.get("magic") != MAGIC:
+            raise CacheError(
+                f"{where} was not written by this fastload (no magic {MAGIC!r}), so {self.path} is "
+                "not used as a cache and nothing in it is touched; give the cache a new or empty "
+                "directory (a cache of an older fastload: delete the directory and warm it again)"
+            )
+        if marker.get("format") != FORMAT or not isinstance(marker.get("default_size"), int):
+            raise CacheError(
+                f"{self.path} holds a cache of format {marker.get('format')!r} (fastload "
+                f"{marker.get('fastload_version')}); this fastload reads format {FORMAT}: delete "
+                "the directory and warm it again, or use the fastload that wrote it"
+            )
+        return marker
+
+    def _create_marker(self) -> None:
+        from fastload import __version__
+
+        st = os.fstatvfs(self._root)
+        marker = {
+            "magic": MAGIC,
+            "format": FORMAT,
+            "fastload_version": __version__,
+            "default_size": st.f_bavail * st.f_frsize // 2,
+            "budget": None,
+        }
+        tmp = write_temp(self._root, [json.dumps(marker, indent=1).encode()])
+        try:
+            # link(), unlike rename, fails when the name exists: the first process wins.
+            os.link(tmp, MARKER, src_dir_fd=self._root, dst_dir_fd=self._root, follow_symlinks=False)
+        except FileExistsError:
+            pass
+        except OSError:  # a filesystem without hard links
+            os.replace(tmp, MARKER, src_dir_fd=self._root, dst_dir_fd=self._root)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=self._root)
+
+    def _check_layout(self) -> None:
+        wrong = {}
+        for name in sorted(OWN_NAMES - {MARKER}):
+            with contextlib.suppress(FileNotFoundError):
+                mode = os.stat(name, dir_fd=self._root, follow_symlinks=False).st_mode
+                if not (stat.S_ISDIR(mode) if name in SUBDIRS else stat.S_ISREG(mode)):
+                    wrong[name] = describe(self._root, name)
+        if wrong:
+            raise CacheError(
+                f"cache directory {self.path}: "
+                + "; ".join(f"{name} is {what}" for name, what in wrong.items())
+                + ". fastload never follows or replaces a name it did not make there: remove "
+                + " ".join(str(self.path / name) for name in wrong)
+                + " or give the cache a new directory"
+            )
+
+    def _subdir(self, name: str) -> int:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, dir_fd=self._root)
+        try:
+            fd = open_dir(self._root, name, self.path)
+        except OSError as exc:
+            raise CacheError(f"cannot open {self.path / name}: {exc}; remove it or give the cache a new directory") from exc
+        self._fds.append(fd)
+        return fd
+
+    # -- small files in the root -----------------------------------------------------------
+
+    def _read_small(self, dir_fd: int, name: str) -> bytes:
+        with os.fdopen(open_file(dir_fd, name, os.O_RDONLY, self.path), "rb") as f:
+            return f.read(_SMALL_FILE)
+
+    def read_json(self, name: str) -> Any:
+        """The JSON in the root file ``name``; None if missing, unreadable or foreign."""
+        try:
+            return json.loads(self._read_small(self._root, name))
+        except (OSError, ValueError):
+            return None
+
+    def write_json(self, name: str, value: Any) -> None:
+        """Replace the root file ``name`` with ``value`` in one rename (readers see old or new)."""
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISREG(os.stat(name, dir_fd=self._root, follow_symlinks=False).st_mode):
+                raise Foreign(self.path / name, describe(self._root, name))
+        tmp = write_temp(self._tmp, [json.dumps(value).encode()])
+        try:
+            os.replace(tmp, name, src_dir_fd=self._tmp, dst_dir_fd=self._root)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=self._tmp)
+            raise
+
+    def remove_file(self, name: str) -> None:
+        """Delete the root file ``name`` if it is a regular file (a symlink stays)."""
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISREG(os.stat(name, dir_fd=self._root, follow_symlinks=False).st_mode):
+                os.unlink(name, dir_fd=self._root)
+
+    def update_marker(self, **fields: Any) -> None:
+        """Rewrite the marker with ``fields`` changed (call under the index lock)."""
+        from fastload import __version__
+
+        self.marker = {**(self._read_marker() or self.marker), **fields, "fastload_version": __version__}
+        self.write_json(MARKER, self.marker)
+
+    def read_used(self) -> int | None:
+        """The byte counter ``used``; None if missing, unreadable or foreign."""
+        try:
+            return int(self._read_small(self._root, "used").strip() or b"x")
+        except (OSError, ValueError):
+            return None
+
+    def write_used(self, used: int) -> None:
+        """Rewrite ``used`` in place: a 20-digit number, one write instead of a rename per entry."""
+        fd = open_file(self._root, "used", os.O_WRONLY | os.O_CREAT, self.path)
+        try:
+            if os.fstat(fd).st_nlink != 1:
+                raise Foreign(self.path / "used", "a hard link to another file")
+            os.pwrite(fd, b"%020d" % max(0, used), 0)
+        finally:
+            os.close(fd)
+
+    # -- locks -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def lock(self, name: str, timeout: float) -> Iterator[bool]:
+        """Hold the flock of ``locks/<name>``: yields True when taken, False after ``timeout`` s."""
+        with flock(self._locks, name, timeout, self.path / "locks") as got:
+            yield got
+
+    @contextlib.contextmanager
+    def index_lock(self, timeout: float) -> Iterator[None]:
+        """The directory's index lock: threads queue on a mutex, processes on ``.index.lock``."""
+        if not self._mutex.acquire(timeout=timeout):
+            raise LockTimeout(f"{self.path / '.index.lock'} busy for {timeout} s")
+        try:
+            with flock(self._root, ".index.lock", timeout, self.path) as got:
+                if not got:
+                    raise LockTimeout(f"{self.path / '.index.lock'} busy for {timeout} s")
+                yield
+        finally:
+            self._mutex.release()
+
+    # -- entries ---------------------------------------------------------------------------
+
+    def entry_path(self, name: str) -> Path:
+        """Where the entry file ``name`` (a 32-hex digest) lives, for messages."""
+        return self.path / "entries" / name[:2] / name
+
+    @contextlib.contextmanager
+    def _entry_dir(self, name: str, *, create: bool) -> Iterator[int | None]:
+        sub, where = name[:2], self.path / "entries"
+        try:
+            fd = open_dir(self._entries, sub, where)
+        except FileNotFoundError:
+            if not create:
+                yield None
+                return
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(sub, dir_fd=self._entries)
+            fd = open_dir(self._entries, sub, where)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def open_entry(self, name: str) -> BinaryIO:
+        """The entry file ``name``, open for reading; FileNotFoundError, or Foreign if not a file."""
+        with self._entry_dir(name, create=False) as sub:
+            if sub is None:
+                raise FileNotFoundError(errno.ENOENT, "no such entry", str(self.entry_path(name)))
+            return os.fdopen(open_file(sub, name, os.O_RDONLY, self.entry_path(name).parent), "rb")
+
+    def entry_stat(self, name: str) -> os.stat_result | None:
+        """The entry file's lstat; None if missing, Foreign if not a regular file."""
+        with self._entry_dir(name, create=False) as sub:
+            if sub is None:
+                return None
+            try:
+                st = os.stat(name, dir_fd=sub, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+            if not stat.S_ISREG(st.st_mode):
+                raise Foreign(self.entry_path(name), describe(sub, name))
+            return st
+
+    def store_entry(self, name: str, parts: Iterable[bytes]) -> None:
+        """Write ``parts`` to a file in tmp/ and rename it to the entry ``name``."""
+        with self._entry_dir(name, create=True) as sub:
+            tmp = write_temp(self._tmp, parts)
+            try:
+                os.replace(tmp, name, src_dir_fd=self._tmp, dst_dir_fd=sub)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=self._tmp)
+                raise
+
+    def remove_entry(self, name: str) -> int | None:
+        """Delete the entry file ``name`` if it is a regular file; its size, None if missing."""
+        with self._entry_dir(name, create=False) as sub:
+            if sub is None:
+                return None
+            try:
+                st = os.stat(name, dir_fd=sub, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode):
+                    raise Foreign(self.entry_path(name), describe(sub, name))
+                os.unlink(name, dir_fd=sub)  # unlink never follows a symlink
+            except FileNotFoundError:
+                return None
+            return st.st_size
+
+    def touch_entry(self, name: str) -> None:
+        """Mark the entry as read now (the LRU policy's clock)."""
+        with self._entry_dir(name, create=False) as sub:
+            if sub is not None:
+                os.utime(name, dir_fd=sub, follow_symlinks=False)
+
+    def remove_temp(self, name: str) -> None:
+        """Delete tmp/``name`` if it is a regular file with fastload's temp prefix."""
+        if name.startswith(TEMP_PREFIX):
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISREG(os.stat(name, dir_fd=self._tmp, follow_symlinks=False).st_mode):
+                    os.unlink(name, dir_fd=self._tmp)
+
+    # -- walking ---------------------------------------------------------------------------
+
+    def walk_entries(self) -> Iterator[Found]:
+        """Every name below entries/: entry files, and the foreign names with what they are."""
+        where = self.path / "entries"
+        for sub in listing(self._entries):
+            try:
+                if not SUBDIR_NAME.fullmatch(sub):
+                    raise Foreign(where / sub, f"{describe(self._entries, sub)} fastload did not make")
+                fd = open_dir(self._entries, sub, where)
+            except Foreign as exc:
+                yield Found(exc.path, sub, foreign=exc.why)
+                continue
+            except FileNotFoundError:
+                continue
+            try:
+                for name in listing(fd):
+                    found = classify(fd, name, where / sub, entry_name_of(sub))
+                    if found is not None:
+                        yield found
+            finally:
+                os.close(fd)
+
+    def walk_others(self) -> Iterator[Found]:
+        """The foreign names in the root, tmp/ and locks/; fastload's temp files (tmp/) too."""
+        for name in listing(self._root):
+            if name not in OWN_NAMES and not name.startswith(TEMP_PREFIX):
+                yield Found(self.path / name, name, foreign=f"{describe(self._root, name)} fastload did not make")
+        for name in listing(self._tmp):
+            found = classify(self._tmp, name, self.path / "tmp", lambda n: n.startswith(TEMP_PREFIX))
+            if found is not None:
+                yield found
+        for name in listing(self._locks):
+            found = classify(self._locks, name, self.path / "locks", LOCK_NAME.fullmatch)
+            if found is not None and found.foreign:
+                yield found
+
+def entry_name_of(sub: str) -> Callable[[str], bool]:
+    """Whether a file name in entries/``sub``/ is an entry's: 32 hex digits starting with ``sub``."""
+    return lambda name: ENTRY_NAME.fullmatch(name) is not None and name.startswith(sub)

@@ -1,0 +1,168 @@
+"""What ``fastload cache stats|verify|clear`` do to a disk cache directory.
+
+Each function takes an open :class:`~fastload.cache.disk.DiskTier` and uses only its public
+methods and its :class:`~fastload.cache.cachedir.CacheDir`. Nothing here deletes a file it
+cannot prove is fastload's (NOTE [a cache directory holds only fastload's files]): an entry
+is a regular file in ``entries/<xx>/`` named by a 32-hex digest starting with ``xx`` whose
+header, where readable, holds a key with that digest; a temporary file is a regular file in
+``tmp/`` with fastload's prefix. Everything else is *foreign*: reported, left alone.
+
+Example::
+
+    >>> tier = DiskTier("/nvme/fastload", create=False)
+    >>> report = verify(tier)
+    >>> report.corrupt, report.foreign
+    ([], [])
+    >>> clear(tier).entries
+    1200
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fastload.cache import entry
+from fastload.cache.cachedir import Foreign
+from fastload.cache.diskstats import STATS_FILE, load_stats
+from fastload.cache.keys import digest
+from fastload.cache.tier import TierStats
+
+if TYPE_CHECKING:
+    from fastload.cache.disk import DiskTier
+
+_LOCK_TIMEOUT_S = 30.0
+
+
+@dataclass
+class CorruptReport:
+    """What ``verify`` found: entries checked, their bytes, the corrupt ones, the foreign names.
+
+    ``corrupt`` holds ``("<key> (<path>)", why)``; ``foreign`` holds ``(path, what it is)``
+    for every name fastload did not make (symlinks included), which is never touched.
+    """
+
+    checked: int = 0
+    bytes: int = 0
+    corrupt: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    foreign: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+
+@dataclass
+class ClearReport:
+    """What ``clear`` did: entries and bytes deleted, and the names it left alone (and why)."""
+
+    entries: int = 0
+    bytes: int = 0
+    foreign: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+
+
+def rescan(tier: DiskTier) -> tuple[int, int]:
+    """Recount entries and bytes from the files and store the count; (entries, bytes)."""
+    with tier.cache_dir.index_lock(_LOCK_TIMEOUT_S):
+        sizes = [f.size for f in tier.entries()]
+        tier.cache_dir.write_used(sum(sizes))
+    return len(sizes), sum(sizes)
+
+
+def verify(tier: DiskTier, *, drop: bool = False) -> CorruptReport:
+    """Check every entry's header, size and checksum, and that its key digests to its file
+    name; name the corrupt ones (deleted if ``drop``) and every foreign name (never deleted)."""
+    report = CorruptReport()
+    cache_dir = tier.cache_dir
+    for found in cache_dir.walk_entries():
+        if found.foreign is not None:
+            report.foreign.append((str(found.path), found.foreign))
+            continue
+        try:
+            with cache_dir.open_entry(found.name) as f:
+                blob = f.read()
+        except FileNotFoundError:
+            continue  # deleted meanwhile by another process
+        except Foreign as exc:  # swapped for a symlink meanwhile
+            report.foreign.append((str(exc.path), exc.why))
+            continue
+        except OSError as exc:
+            blob, why = b"", f"unreadable: {exc}"
+        else:
+            why = _problem(blob, found.name)
+        report.checked += 1
+        report.bytes += found.size
+        if why is not None:
+            name = found.name
+            try:
+                name = entry.read_header(blob)[0]["key"]
+            except entry.CorruptEntry:
+                pass
+            report.corrupt.append((f"{name} ({found.path})", why))
+            if drop:
+                tier.drop_entry(found.name)
+    report.foreign += [(str(f.path), f.foreign) for f in cache_dir.walk_others() if f.foreign]
+    return report
+
+
+def clear(tier: DiskTier) -> ClearReport:
+    """Delete every entry, stale temporary file and the recorded counters; leave the rest."""
+    tier.recorder.flush()
+    report = ClearReport()
+    cache_dir = tier.cache_dir
+    with cache_dir.index_lock(_LOCK_TIMEOUT_S):
+        left = 0
+        for found in cache_dir.walk_entries():
+            why = found.foreign or tier.misnamed(found.name)
+            if why is None:
+                try:
+                    size = cache_dir.remove_entry(found.name)
+                except Foreign as exc:
+                    why = exc.why
+                else:
+                    report.entries += size is not None
+                    report.bytes += size or 0
+                    continue
+            report.foreign.append((str(found.path), why))
+            if found.foreign is None:
+                left += found.size  # a misnamed entry file stays, and stays counted
+        for found in cache_dir.walk_others():
+            if found.foreign is None:
+                cache_dir.remove_temp(found.name)
+            else:
+                report.foreign.append((str(found.path), found.foreign))
+        cache_dir.remove_file(STATS_FILE)
+        cache_dir.write_used(left)
+    tier.recorder.reset()
+    return report
+
+
+def recorded_stats(tier: DiskTier) -> TierStats:
+    """The counters every process has recorded in stats.json (this one's flushed first)."""
+    tier.recorder.flush()
+    return load_stats(tier.cache_dir)
+
+
+def summary(tier: DiskTier) -> dict[str, Any]:
+    """Entries, bytes, the budget in effect and where it comes from, and the recorded counters."""
+    entries, used = rescan(tier)
+    recorded = recorded_stats(tier)
+    lookups = recorded.hits + recorded.misses
+    return {
+        "directory": str(tier.directory),
+        "entries": entries,
+        "bytes": used,
+        "budget": tier.budget,
+        "budget_source": tier.budget_source,
+        **dataclasses.asdict(recorded),
+        "hit_rate": recorded.hits / lookups if lookups else None,
+    }
+
+
+def _problem(blob: bytes, name: str) -> str | None:
+    """Why the entry file ``name`` with bytes ``blob`` cannot be served; None if it can."""
+    try:
+        entry.decode(blob)
+        key = entry.read_header(blob)[0]["key"]
+    except entry.CorruptEntry as why:
+        return str(why)
+    if not isinstance(key, str) or digest(key) != name:
+        return "its header key does not digest to its file name (an altered header); it would never be served"
+    return None
