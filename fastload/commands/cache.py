@@ -137,7 +137,12 @@ def stats_command(directory: str, as_json: bool) -> None:
     for name, value in summary.items():
         if name == "directory":
             continue
-        if name in ("bytes", "budget", "bytes_read", "bytes_written"):
+        if name == "budget_source":
+            continue
+        if name == "budget":
+            source = "set by disk_size" if summary["budget_source"] == "disk_size" else "default"
+            shown = f"{_human(value)} ({value}, {source})"
+        elif name in ("bytes", "bytes_read", "bytes_written"):
             shown = f"{_human(value)} ({value})"
         elif name == "hit_rate":
             shown = "-" if value is None else f"{value:.1%}"
@@ -152,15 +157,22 @@ def stats_command(directory: str, as_json: bool) -> None:
 @click.option("--drop", is_flag=True, help="Delete the corrupt entries (they are refetched on use).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def verify_command(directory: str, drop: bool, as_json: bool) -> None:
-    """Check the size and checksum of every entry; name the corrupt ones and exit 1 if any."""
+    """Check every entry; name the corrupt ones and the names fastload did not make (symlinks
+    included, never followed or deleted); exit 1 if any."""
     report = DiskTier(directory, create=False).verify(drop=drop)
+    ok = not report.corrupt and not report.foreign
     if as_json:
-        click.echo(json.dumps({**report.__dict__, "ok": not report.corrupt}, indent=2))
+        click.echo(json.dumps({**report.__dict__, "ok": ok}, indent=2))
     else:
-        click.echo(f"{report.checked} entries ({_human(report.bytes)}) checked, {len(report.corrupt)} corrupt")
+        click.echo(
+            f"{report.checked} entries ({_human(report.bytes)}) checked, {len(report.corrupt)} corrupt, "
+            f"{len(report.foreign)} not fastload's"
+        )
         for name, why in report.corrupt:
             click.echo(f"CORRUPT {name}: {why}" + (" (deleted)" if drop else ""))
-    if report.corrupt:
+        for path, what in report.foreign:
+            click.echo(f"FOREIGN {path}: {what}; not fastload's, left alone (remove it yourself)")
+    if not ok:
         raise click.exceptions.Exit(1)
 
 
@@ -168,9 +180,12 @@ def verify_command(directory: str, drop: bool, as_json: bool) -> None:
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print what was freed as JSON.")
 def clear_command(directory: str, as_json: bool) -> None:
-    """Delete every entry of the cache in DIRECTORY (the directory itself stays)."""
-    entries, freed = DiskTier(directory, create=False).clear()
+    """Delete every entry of the cache in DIRECTORY (the directory itself stays); files that
+    fastload did not make are left alone and listed."""
+    report = DiskTier(directory, create=False).clear()
     if as_json:
-        click.echo(json.dumps({"entries": entries, "bytes": freed}))
-    else:
-        click.echo(f"cleared {directory}: {entries} entries, {_human(freed)} freed")
+        click.echo(json.dumps(report.__dict__))
+        return
+    click.echo(f"cleared {directory}: {report.entries} entries, {_human(report.bytes)} freed")
+    for path, what in report.foreign:
+        click.echo(f"LEFT {path}: {what}; not fastload's, so not deleted")
