@@ -34,7 +34,7 @@ from torch.utils.data import Dataset, IterableDataset, Sampler
 from torch.utils.data.dataloader import default_collate, default_convert
 
 from fastload import batchinfo, distributed, resume
-from fastload.engines import Backend, Choice, EngineContext, choose_backend, engine_class
+from fastload.engines import Backend, Choice, Engine, EngineContext, choose_backend, engine_class
 from fastload.cache import prefetch
 from fastload.device import DeviceFeeder, resolve_device
 from fastload.errors import ConfigError
@@ -184,6 +184,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self.backend: str = choice.name
         self.backend_reason: str = choice.reason
         self._engine = _build_engine(choice, self, settings, target)
+
+    @property
+    def engine(self) -> Engine:
+        """The engine that runs this loader's epochs (:mod:`fastload.engines`); ``close()``
+        on it stops its workers and threads."""
+        return self._engine
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if self._owns_sampler:

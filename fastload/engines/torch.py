@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -43,6 +44,7 @@ class TorchEngine(Engine):
     def __init__(self, loader: torch.utils.data.DataLoader, *, draws_like_torch: bool = False) -> None:
         self._loader = loader
         self._draws_like_torch = draws_like_torch
+        self._current: weakref.ref[Iterator[Any]] | None = None
 
     @property
     def reuses_iterator(self) -> bool:
@@ -58,7 +60,9 @@ class TorchEngine(Engine):
             # not the user's, draw (and drop) that number, so the caller's random stream and
             # a RandomSampler's order in later epochs are exactly what torch's default gives.
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
-        return torch.utils.data.DataLoader.__iter__(loader)
+        iterator = torch.utils.data.DataLoader.__iter__(loader)
+        self._current = weakref.ref(iterator)
+        return iterator
 
     def restart(self) -> None:
         """Shut down persistent workers; the next epoch starts new ones from the dataset now."""
@@ -72,4 +76,10 @@ class TorchEngine(Engine):
         logger.info("restarted the loader's persistent workers")
 
     def close(self) -> None:
+        """Shut down the workers of the epoch in progress and the persistent ones."""
+        current = self._current() if self._current is not None else None
+        self._current = None
+        shutdown = getattr(current, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
         self.restart()

@@ -1,0 +1,1 @@
+"""Contract suites: every engine and every cache tier passes the same tests."""
