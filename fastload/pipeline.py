@@ -10,20 +10,35 @@ Example::
     >>> [type(s).__name__ for s in p.steps]
     ['Resize', 'CenterCrop', 'Normalize']
     >>> image = p.run(jpeg_bytes, seed=0)          # torch.float32, (3, 224, 224)
+
+Every step checks its arguments when it is built: a bad one raises
+:class:`~fastload.errors.ConfigError` (a ``ValueError``) naming the step, the parameter and
+the value, never later inside a worker.
 """
 
 from __future__ import annotations
 
 import io
 import math
+import numbers
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal, NamedTuple, Union
+from typing import Any, Literal, NamedTuple, Union
 
 import numpy as np
 import torch
 from PIL import Image
+
+from fastload.arguments import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    check_pair,
+    check_size,
+    config_error,
+)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -32,15 +47,13 @@ EVAL_RESIZE_RATIO = 0.875  # the classic 256 -> 224 resize before the center cro
 Size = tuple[int, int]  # (height, width), pixels
 
 
-def as_size(size: int | Sequence[int]) -> Size:
-    """``224`` or ``(h, w)`` as an ``(h, w)`` tuple of positive ints."""
-    if isinstance(size, int):
-        h = w = size
-    else:
-        h, w = (int(v) for v in size)
-    if h <= 0 or w <= 0:
-        raise ValueError(f"size must be positive pixels, got {size!r}")
-    return h, w
+def as_size(size: int | Sequence[int], where: str = "ImagePipeline.standard", name: str = "size") -> Size:
+    """``224`` or ``(h, w)`` as an ``(h, w)`` tuple of positive ints; else a ConfigError."""
+    return check_size(where, name, size)
+
+
+def _set(step: Any, name: str, value: Any) -> None:
+    object.__setattr__(step, name, value)  # canonical form of a frozen dataclass field
 
 
 @dataclass(frozen=True)
@@ -49,12 +62,18 @@ class Resize:
 
     shorter: int
 
+    def __post_init__(self) -> None:
+        _set(self, "shorter", check_int("Resize", "shorter", self.shorter, minimum=1))
+
 
 @dataclass(frozen=True)
 class CenterCrop:
-    """Cut the central ``size`` (h, w) pixels."""
+    """Cut the central ``size`` (h, w) pixels (one int for a square)."""
 
     size: Size
+
+    def __post_init__(self) -> None:
+        _set(self, "size", check_size("CenterCrop", "size", self.size))
 
 
 @dataclass(frozen=True)
@@ -65,12 +84,21 @@ class RandomResizedCrop:
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
 
+    def __post_init__(self) -> None:
+        where = "RandomResizedCrop"
+        _set(self, "size", check_size(where, "size", self.size))
+        _set(self, "scale", check_pair(where, "scale", self.scale, low=0.0, high=1.0, low_open=True))
+        _set(self, "ratio", check_pair(where, "ratio", self.ratio, low=0.0, low_open=True))
+
 
 @dataclass(frozen=True)
 class HorizontalFlip:
     """Mirror left-right with probability ``p``."""
 
     p: float = 0.5
+
+    def __post_init__(self) -> None:
+        _set(self, "p", check_number("HorizontalFlip", "p", self.p, low=0.0, high=1.0))
 
 
 @dataclass(frozen=True)
@@ -79,6 +107,19 @@ class Normalize:
 
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
+
+    def __post_init__(self) -> None:
+        for name, positive in (("mean", False), ("std", True)):
+            value = getattr(self, name)
+            ok = isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 3
+            ok = ok and all(
+                isinstance(v, numbers.Real) and not isinstance(v, bool) and (v > 0 or not positive)
+                for v in value
+            )
+            if not ok:
+                what = "positive numbers" if positive else "numbers"
+                raise config_error("Normalize", name, value, f"3 {what}, one per RGB channel (0-1 scale)")
+            _set(self, name, tuple(float(v) for v in value))
 
     def apply(self, images: torch.Tensor, channel_dim: int) -> torch.Tensor:
         """Normalize a uint8 image or batch whose channels lie on ``channel_dim``."""
@@ -119,6 +160,20 @@ class ImagePipeline:
     steps: tuple[Step, ...] = field(default_factory=tuple)
     layout: Literal["CHW", "HWC"] = "CHW"
 
+    def __post_init__(self) -> None:
+        steps = self.steps
+        if isinstance(steps, (str, bytes)) or not isinstance(steps, Sequence):
+            raise config_error("ImagePipeline", "steps", steps, "a tuple of steps such as Resize(256)")
+        for step in steps:
+            if step is None or isinstance(step, (str, bytes, numbers.Number, type)):
+                fix = f"Build the step: {step.__name__}(...)" if isinstance(step, type) else ""
+                raise config_error(
+                    "ImagePipeline", "steps", steps,
+                    "a tuple of step objects such as Resize(256), CenterCrop(224)", fix,
+                )
+        _set(self, "steps", tuple(steps))
+        check_choice("ImagePipeline", "layout", self.layout, ("CHW", "HWC"))
+
     @classmethod
     def standard(
         cls,
@@ -129,7 +184,13 @@ class ImagePipeline:
         layout: Literal["CHW", "HWC"] = "CHW",
     ) -> ImagePipeline:
         """The ImageNet recipe: train = random-resized-crop + flip; eval = resize + center crop."""
-        hw = as_size(size)
+        where = "ImagePipeline.standard"
+        hw = as_size(size, where)
+        train = check_bool(where, "train", train)
+        if not isinstance(normalize, (bool, Normalize)):
+            raise config_error(
+                where, "normalize", normalize, "True (ImageNet mean/std), False or a Normalize"
+            )
         if train:
             steps: list[Step] = [RandomResizedCrop(hw), HorizontalFlip()]
         else:
@@ -137,9 +198,7 @@ class ImagePipeline:
             steps = [Resize(shorter), CenterCrop(hw)]
         if normalize:
             steps.append(normalize if isinstance(normalize, Normalize) else Normalize())
-        if layout not in ("CHW", "HWC"):
-            raise ValueError(f"layout must be 'CHW' or 'HWC', got {layout!r}")
-        return cls(tuple(steps), layout)
+        return cls(tuple(steps), check_choice(where, "layout", layout, ("CHW", "HWC")))
 
     @property
     def normalize(self) -> Normalize | None:
