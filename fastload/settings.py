@@ -12,6 +12,11 @@ the reason::
 Precedence, resolved once when the loader is built: an explicit argument, then a
 ``FASTLOAD_<NAME>`` environment variable (``FASTLOAD_NUM_WORKERS=4``), then "auto".
 
+An environment default applies only where it means something: with no worker processes,
+``FASTLOAD_PREFETCH_FACTOR`` and ``FASTLOAD_PERSISTENT_WORKERS=1`` are ignored (torch refuses
+both at ``num_workers=0``), and the setting's reason says so. The same values passed as
+arguments reach torch unchanged, and torch's error with them: that is what the user wrote.
+
 NOTE [auto never changes the batches]
 "auto" may only pick what cannot change what a training loop receives. Worker processes
 change results for datasets that draw random numbers from the main process's generator,
@@ -212,6 +217,10 @@ def _warn_once(dataset: Dataset, why: str) -> None:
     )
 
 
+_ENV_MINIMUM = {"num_workers": 0, "prefetch_factor": 1}
+"""The smallest value torch accepts for an integer setting read from the environment."""
+
+
 def _from_env(name: str, parse: type) -> tuple[Any, Source] | None:
     raw = os.environ.get(f"FASTLOAD_{name.upper()}")
     if raw is None or raw.strip().lower() in ("", AUTO):
@@ -223,7 +232,14 @@ def _from_env(name: str, parse: type) -> tuple[Any, Source] | None:
             if lowered not in ("1", "0", "true", "false", "yes", "no"):
                 raise ValueError(raw)
             return lowered in ("1", "true", "yes"), "environment"
-        return parse(raw), "environment"
+        value = parse(raw)
+        if name in _ENV_MINIMUM and value < _ENV_MINIMUM[name]:
+            raise ConfigError(
+                f"FASTLOAD_{name.upper()}={raw!r} is below {_ENV_MINIMUM[name]}, the least "
+                f"{name} torch accepts; unset it or set it to 'auto' or an int >= "
+                f"{_ENV_MINIMUM[name]}"
+            )
+        return value, "environment"
     except ValueError:
         raise ConfigError(
             f"FASTLOAD_{name.upper()}={raw!r} is not a valid {parse.__name__}; "
@@ -234,6 +250,11 @@ def _from_env(name: str, parse: type) -> tuple[Any, Source] | None:
 def _explicit(name: str, value: Any, parse: type) -> tuple[Any, Source] | None:
     if isinstance(value, str) and value == AUTO:
         return _from_env(name, parse)
+    if isinstance(value, str):  # any other value is torch's to check, but not a misspelt "auto"
+        raise ConfigError(
+            f"DataLoader({name}={value!r}): expected 'auto' or a {parse.__name__}, got a string; "
+            f"pass {name}='auto' to let fastload choose"
+        )
     return value, "argument"
 
 
@@ -277,7 +298,9 @@ def resolve_settings(
 
     # prefetch_factor: more batches in flight absorb jitter; it never changes what is loaded.
     chosen = _explicit("prefetch_factor", prefetch_factor, int)
-    if chosen is not None:
+    if chosen is not None and chosen[1] == "environment" and n == 0:
+        prefetch = _ignored("prefetch_factor", chosen[0], None, "nothing to prefetch")
+    elif chosen is not None:
         prefetch = Setting(chosen[0], chosen[1], "set by the user")
     elif n == 0:
         prefetch = Setting(None, "auto", "no worker processes, nothing to prefetch")
@@ -309,7 +332,9 @@ def resolve_settings(
 
     # persistent_workers: keeps workers (and their open files and caches) between epochs.
     chosen = _explicit("persistent_workers", persistent_workers, bool)
-    if chosen is not None:
+    if chosen is not None and chosen[1] == "environment" and n == 0 and chosen[0]:
+        persist = _ignored("persistent_workers", chosen[0], False, "no workers to keep")
+    elif chosen is not None:
         persist = Setting(chosen[0], chosen[1], "set by the user")
     elif n == 0:
         persist = Setting(False, "auto", "no worker processes")
@@ -321,6 +346,17 @@ def resolve_settings(
         )
 
     return LoaderSettings(workers, pin, prefetch, persist, machine)
+
+
+def _ignored(name: str, env_value: Any, value: Any, why: str) -> Setting[Any]:
+    """An environment default that does not apply with 0 workers (torch would refuse it)."""
+    variable = f"FASTLOAD_{name.upper()}={env_value}"
+    reason = (
+        f"{variable} ignored: num_workers=0, {why}; torch accepts {name} only with "
+        "num_workers > 0"
+    )
+    logger.info("%s: %s", name, reason)
+    return Setting(value, "auto", reason)
 
 
 def _auto_workers(machine: Machine, why_safe: str) -> Setting[int]:
