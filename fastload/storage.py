@@ -10,22 +10,34 @@ Example::
     >>> st = Storage("/data/imagenet/train")
     >>> files = st.find()                       # full paths below the root, sorted
     >>> data = st.read(files[0])                # bytes
+
+Local roots are walked with ``os.scandir`` here, not with fsspec's ``find`` (which leaves out
+folders it cannot read without a word): only regular files are listed, symlinks to them are
+followed, and a folder that cannot be read is an error naming it (NOTE [local listing]).
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
-from typing import TYPE_CHECKING, Any
+import stat
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 import fsspec
 from fsspec.registry import known_implementations
 
-from fastload.cache.keys import version_of
+from fastload.cache.keys import local_version, version_of
 from fastload.errors import ConfigError, ObjectNotFoundError, StorageError
 from fastload.origin import read_whole
 
 if TYPE_CHECKING:
     from fastload.cache.tiered import TieredCache
+
+logger = logging.getLogger(__name__)
+
+OnListError = Literal["raise", "skip"]
 
 _INSTALL_HINTS = {
     "s3": "pip install 'fastload[s3]' (s3fs)",
@@ -138,31 +150,97 @@ class Storage:
             return path
         return f"{root}/{path}"
 
-    def find(self, detail: bool = False) -> Any:
+    @property
+    def is_local(self) -> bool:
+        """Whether the root is a plain local path or ``file://`` URL (no chained protocol)."""
+        return self.protocol == "file" and "::" not in self.url
+
+    def find(self, detail: bool = False, *, on_error: OnListError = "raise") -> Any:
         """Every file below the root, sorted; raises ObjectNotFoundError if the root is missing.
 
-        With ``detail`` a dict of path to fsspec info (size, etag...) in path order.
+        With ``detail`` a dict of path to fsspec info (size, etag...) in path order. A folder
+        that cannot be listed raises StorageError naming it; with ``on_error="skip"`` it is
+        left out (see :meth:`listing` for which ones).
+        """
+        found = self.listing(on_error=on_error).files
+        return found if detail else list(found)
+
+    def listing(self, *, on_error: OnListError = "raise", warn: bool = True) -> Listing:
+        """One listing of the root: its regular files and what it had to leave out.
+
+        With a cache the files' versions are kept in ``self.versions`` (NOTE [cache keys]).
+        Special files (FIFOs, sockets, devices) and dangling or looping symlinks are left out
+        with one warning (``warn``) that names them. Example::
+
+            >>> found = Storage("/data/train").listing(on_error="skip")
+            >>> found.unreadable        # {'/data/train/cat': '[Errno 13] Permission denied'}
         """
         fs, root = self._open()
         try:
-            if not fs.exists(root):
-                raise ObjectNotFoundError(
-                    f"dataset root {self.url} does not exist; check the path or URL"
-                )
-            if not fs.isdir(root):
-                raise StorageError(f"dataset root {self.url} is a file, expected a directory")
-            if self.cache is None and not detail:
-                return sorted(fs.find(root, withdirs=False))
-            found = fs.find(root, withdirs=False, detail=True)
-            if self.cache is not None:
-                self.versions = {path: version_of(info) for path, info in found.items()}
-            return {p: found[p] for p in sorted(found)} if detail else sorted(found)
+            if self.is_local:
+                found = _walk_local(root, self.url, on_error)
+            else:
+                found = Listing(files=self._find_remote(fs, root))
         except (ObjectNotFoundError, StorageError):
             raise
         except FileNotFoundError as exc:
             raise ObjectNotFoundError(f"dataset root {self.url} does not exist") from exc
         except Exception as exc:  # NOTE [storage errors]
             raise StorageError(f"cannot list {self.url}: {_describe(exc)}") from exc
+        if self.cache is not None:
+            self.versions = {path: info["version"] for path, info in found.files.items()}
+        if warn and found.skipped:
+            shown = ", ".join(f"{p} ({why})" for p, why in list(found.skipped.items())[:10])
+            more = f" and {len(found.skipped) - 10} more" if len(found.skipped) > 10 else ""
+            logger.warning(
+                "skipped %d entries below %s that are not regular files: %s%s. Remove them or "
+                "point their symlinks at files", len(found.skipped), self.url, shown, more,
+            )
+        return found
+
+    def _find_remote(self, fs: fsspec.AbstractFileSystem, root: str) -> dict[str, dict[str, Any]]:
+        # The listing alone, one request per page: it is repeated every epoch (revalidation).
+        found = fs.find(root, withdirs=False, detail=True)
+        if not found and not fs.exists(root):
+            raise ObjectNotFoundError(f"dataset root {self.url} does not exist; check the path or URL")
+        if list(found) == [root] or (not found and not fs.isdir(root)):
+            raise StorageError(f"dataset root {self.url} is a file, expected a directory")
+        return {p: dict(found[p], version=version_of(found[p])) for p in sorted(found)}
+
+    def current_versions(self, paths: list[str]) -> dict[str, str]:
+        """The origin's versions of ``paths`` now; a missing one is left out.
+
+        Local files are stat'ed; remote objects come from one listing per parent folder,
+        never a request per object. Used to snapshot and revalidate explicit file lists.
+        """
+        fs = self.fs
+        out: dict[str, str] = {}
+        if self.is_local:
+            for path in paths:
+                try:
+                    st = os.stat(path)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    raise StorageError(
+                        f"cannot stat {path}: {_describe(exc)}; check its permissions"
+                    ) from exc
+                if stat.S_ISREG(st.st_mode):
+                    out[path] = local_version(st)
+            return out
+        wanted = set(paths)
+        for parent in sorted({p.rsplit("/", 1)[0] for p in paths}):
+            try:
+                entries = fs.ls(parent, detail=True)
+            except FileNotFoundError:
+                continue
+            except Exception as exc:  # NOTE [storage errors]
+                raise StorageError(f"cannot list {self.to_url(parent)}: {_describe(exc)}") from exc
+            for info in entries:
+                name = fs._strip_protocol(info["name"])
+                if name in wanted and info.get("type") != "directory":
+                    out[name] = version_of(info)
+        return out
 
     def read(self, path: str) -> bytes:
         """The whole object at ``path``; a missing object raises ObjectNotFoundError with its URL."""
@@ -178,6 +256,88 @@ class Storage:
             raise ObjectNotFoundError(f"{self.to_url(path)} does not exist") from exc
         except Exception as exc:  # NOTE [storage errors]
             raise StorageError(f"cannot read {self.to_url(path)}: {_describe(exc)}") from exc
+
+
+@dataclass
+class Listing:
+    """What one listing of a dataset root found.
+
+    Attributes:
+        files: regular files, sorted, path -> info (``size``, ``version``, the store's fields).
+        unreadable: folders that could not be listed (``on_error="skip"``), path -> why.
+        skipped: entries that are not regular files, path -> what they are ("FIFO",
+            "dangling symlink", ...).
+    """
+
+    files: dict[str, dict[str, Any]]
+    unreadable: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+# NOTE [local listing]
+# fsspec's LocalFileSystem.find lists a folder it cannot read as empty, without a word, so an
+# unreadable class folder vanished and every later label shifted. The local walk below raises
+# on any folder it cannot list (or, with on_error="skip", reports it so ImageFolder can keep
+# the folder's label). It lists regular files only: a FIFO named x.jpg would block its reader
+# forever, and sockets or devices are no images either. It follows symlinks like torchvision
+# (os.walk(followlinks=True)): to files, and to folders unless the folder is one of its own
+# ancestors (a loop). Dangling and looping symlinks are left out and reported.
+
+
+def _walk_local(root: str, url: str, on_error: OnListError) -> Listing:
+    """List the regular files below local folder ``root`` (NOTE [local listing])."""
+    try:
+        top = os.stat(root)
+    except FileNotFoundError as exc:
+        raise ObjectNotFoundError(f"dataset root {url} does not exist; check the path or URL") from exc
+    if not stat.S_ISDIR(top.st_mode):
+        raise StorageError(f"dataset root {url} is a file, expected a directory")
+    found = Listing(files={})
+    stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(root, frozenset({(top.st_dev, top.st_ino)}))]
+    while stack:
+        folder, ancestors = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except OSError as exc:
+            if on_error == "raise" or folder == root:
+                raise StorageError(
+                    f"cannot list folder {folder} below dataset root {url}: {_describe(exc)}; "
+                    "check its permissions, or pass on_error='skip' to leave it out"
+                ) from exc
+            found.unreadable[folder] = _describe(exc)
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat()  # follows symlinks
+            except OSError as exc:
+                if entry.is_symlink():
+                    looping = exc.errno == errno.ELOOP
+                    found.skipped[entry.path] = "looping symlink" if looping else "dangling symlink"
+                elif not isinstance(exc, FileNotFoundError):  # deleted meanwhile: not listed
+                    found.skipped[entry.path] = f"cannot stat: {_describe(exc)}"
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                ident = (st.st_dev, st.st_ino)
+                if ident in ancestors:
+                    found.skipped[entry.path] = "symlink loop to a folder above it"
+                else:
+                    stack.append((entry.path, ancestors | {ident}))
+            elif stat.S_ISREG(st.st_mode):
+                found.files[entry.path] = {
+                    "name": entry.path, "size": st.st_size, "type": "file", "version": local_version(st),
+                }
+            else:
+                found.skipped[entry.path] = _KINDS.get(stat.S_IFMT(st.st_mode), "special file")
+    found.files = {p: found.files[p] for p in sorted(found.files)}
+    found.skipped = {p: found.skipped[p] for p in sorted(found.skipped)}
+    return found
+
+
+_KINDS = {
+    stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket", stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+}
 
 
 # NOTE [storage errors]
