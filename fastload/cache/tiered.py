@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from fastload.cache.config import CacheConfig
-from fastload.cache.keys import make_key, version_of
+from fastload.cache.keys import local_version, make_key, version_of, version_size
 from fastload.cache.tier import KeyLocking, Tier, TierStats
 from fastload.errors import ObjectNotFoundError, StorageError
 from fastload.origin import read_whole
@@ -63,6 +65,7 @@ class TieredCache:
         self._inflight: dict[str, threading.Event] = {}
         self.origin_reads = 0
         self.origin_bytes = 0
+        self._warned: set[str] = set()  # URLs whose bytes changed since their listing
 
     def __reduce__(self):
         return (_rebuild, (self.tiers, self.config))
@@ -81,8 +84,10 @@ class TieredCache:
 
     @staticmethod
     def version(fs: fsspec.AbstractFileSystem, path: str) -> str:
-        """The origin's current version of ``path`` (one ``info`` request)."""
+        """The origin's current version of ``path`` (one ``info`` request; ``os.stat`` locally)."""
         try:
+            if isinstance(fs, LocalFileSystem):
+                return local_version(os.stat(path))
             return version_of(fs.info(path))
         except FileNotFoundError as exc:
             raise ObjectNotFoundError(f"{fs.unstrip_protocol(path)} does not exist") from exc
@@ -95,13 +100,14 @@ class TieredCache:
         A missing object raises :class:`~fastload.errors.ObjectNotFoundError` (a
         ``FileNotFoundError``) naming its URL.
         """
+        version = version or self.version(fs, path)
         key = self.key(fs, path, version)
         for level, tier in enumerate(self.tiers):
             data = tier.get(key)
             if data is not None:
                 self._store(key, data, self.tiers[:level])
                 return data
-        data, _ = self._fill(fs, path, key, self.tiers)
+        data, _ = self._fill(fs, path, version, self.tiers)
         return data
 
     def ensure(
@@ -119,16 +125,17 @@ class TieredCache:
         tier would store it: full).
         """
         targets = [t for t in self.tiers if t.shared or not shared_only]
-        key = self.key(fs, path, version)
-        if any(t.contains(key) for t in targets):
+        version = version or self.version(fs, path)
+        if any(t.contains(self.key(fs, path, version)) for t in targets):
             return "hit"
-        _, outcome = self._fill(fs, path, key, targets)
+        _, outcome = self._fill(fs, path, version, targets)
         return outcome
 
     def _fill(
-        self, fs: fsspec.AbstractFileSystem, path: str, key: str, targets: list[Tier]
+        self, fs: fsspec.AbstractFileSystem, path: str, version: str, targets: list[Tier]
     ) -> tuple[bytes, Outcome]:
         """Fetch a missed object once (per key across threads and processes) into ``targets``."""
+        key = self.key(fs, path, version)
         with self._mutex:
             event = self._inflight.get(key)
             owner = event is None
@@ -139,13 +146,13 @@ class TieredCache:
             found = self._recheck(key, targets)
             if found is not None:
                 return found, "hit"
-            return self._fetch_and_store(fs, path, key, targets)
+            return self._fetch_and_store(fs, path, version, targets)
         try:
             with self._process_lock(key):
                 found = self._recheck(key, targets)
                 if found is not None:
                     return found, "hit"
-                return self._fetch_and_store(fs, path, key, targets)
+                return self._fetch_and_store(fs, path, version, targets)
         finally:
             with self._mutex:
                 del self._inflight[key]
@@ -175,11 +182,16 @@ class TieredCache:
             yield
 
     def _fetch_and_store(
-        self, fs: fsspec.AbstractFileSystem, path: str, key: str, targets: list[Tier]
+        self, fs: fsspec.AbstractFileSystem, path: str, version: str, targets: list[Tier]
     ) -> tuple[bytes, Outcome]:
         url = fs.unstrip_protocol(path)
         try:
-            data = read_whole(fs, path)
+            if isinstance(fs, LocalFileSystem):
+                data, read_version = _read_local(path, url)
+            else:
+                data, read_version = read_whole(fs, path), None
+        except StorageError:
+            raise
         except FileNotFoundError as exc:
             raise ObjectNotFoundError(f"{url} does not exist") from exc
         except _STORAGE_FAILURES as exc:
@@ -187,8 +199,27 @@ class TieredCache:
         with self._mutex:
             self.origin_reads += 1
             self.origin_bytes += len(data)
+        key = make_key(url, version)
+        # NOTE [fetch-time version check]: bytes are stored only under the version they are.
+        if read_version is not None and read_version != version:
+            self._changed(url, version, f"it is now version {read_version}")
+            key = make_key(url, read_version)
+        elif read_version is None and version_size(version) not in (None, len(data)):
+            self._changed(url, version, f"{len(data)} bytes were read")
+            return data, "fetched"  # served, not stored: the bytes' own version is unknown
         stored = self._store(key, data, targets)
         return data, "fetched" if stored or not targets else "rejected"
+
+    def _changed(self, url: str, version: str, now: str) -> None:
+        with self._mutex:
+            first = url not in self._warned
+            self._warned.add(url)
+        (logger.warning if first else logger.debug)(
+            "%s changed since it was listed (version %s; %s): serving its current bytes, "
+            "never cached under the listed version. The loader revalidates at the next epoch "
+            "(ImageFolder.revalidate()); to stop this, do not rewrite a dataset while it is read",
+            url, version, now,
+        )
 
     @staticmethod
     def _store(key: str, data: bytes, tiers: Sequence[Tier]) -> bool:
@@ -201,6 +232,36 @@ class TieredCache:
         """Flush counters and release every tier's handles."""
         for tier in self.tiers:
             tier.close()
+
+
+# NOTE [fetch-time version check]
+# A cache key says which version of an object its bytes are (NOTE [cache keys]); an object
+# rewritten after it was listed must not have its new bytes stored under the old version's
+# key, where they would be served for that version forever. For a local file the version of
+# the bytes read is known exactly: fstat of the open file before and after the read (equal:
+# nothing wrote in between), so they are stored under their own version, and the read is
+# retried when a writer was active. Remote stores answer a GET without the version fastload
+# can see, so only the size is checked: a size that differs from the listed one is served
+# but not cached. A same-size rewrite between the listing and the fetch is not detected
+# there (docs/reliability.md says what that means).
+
+_LOCAL_READ_TRIES = 3
+
+
+def _read_local(path: str, url: str) -> tuple[bytes, str]:
+    """A local file's bytes and the version they are, read while no writer changed it."""
+    for _ in range(_LOCAL_READ_TRIES):
+        with open(path, "rb") as f:
+            before = local_version(os.fstat(f.fileno()))
+            data = f.read()
+            after = local_version(os.fstat(f.fileno()))
+        if before == after:
+            return data, after
+    raise StorageError(
+        f"{url} changed while it was read, {_LOCAL_READ_TRIES} times in a row: something is "
+        "writing it; finish writing the dataset before reading it, or write new files and "
+        "rename them into place"
+    )
 
 
 def _rebuild(tiers: list[Tier], config: CacheConfig) -> TieredCache:
