@@ -192,6 +192,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return self._engine
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        if self.epoch > 0:
+            _revalidate(self)
         if self._owns_sampler:
             self.sampler.set_epoch(self.epoch)
         progress = resume.start_epoch(self, self.epoch)
@@ -239,6 +241,30 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             >>> loader.load_state_dict(torch.load(path)["data"])
         """
         resume.load_state_dict(self, state_dict)
+
+
+def _revalidate(loader: DataLoader) -> None:
+    """Before a later epoch: re-read a cached dataset's versions (NOTE [consistency]).
+
+    One listing per epoch (``ImageFolder.revalidate``). When files changed, persistent
+    workers hold copies of the dataset with the old versions, so the engine restarts them:
+    this epoch starts fresh workers from the dataset as it is now (logged at INFO).
+    """
+    dataset = loader.dataset
+    revalidate = getattr(dataset, "revalidate", None)
+    if revalidate is None or getattr(getattr(dataset, "storage", None), "cache", None) is None:
+        return
+    if revalidate() and loader._engine is not None:
+        loader._engine.restart()
+
+
+# NOTE [consistency]
+# A cached dataset's cache keys carry each file's version from its listing (NOTE [cache
+# keys]). Without revalidation a file rewritten between epochs would be served from the cache
+# with its old bytes for as long as the loader lives. So every epoch after the first starts
+# with one listing that refreshes the versions in the main process (workers get them with the
+# dataset, or are restarted when they persist); a changed file then gets a new key and its
+# new bytes. The full model, and what is guaranteed mid-epoch: docs/reliability.md.
 
 
 def _build_engine(
