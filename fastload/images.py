@@ -96,6 +96,7 @@ class ImageFolder(Dataset):
         self.on_error: OnError = on_error
         self.seed = seed
         self.extensions = tuple(e.lower() for e in extensions)
+        self._listed_root = isinstance(root, (str, os.PathLike))  # else an explicit file list
         if isinstance(root, (str, os.PathLike)):
             self.storage = self._open_storage(os.fspath(root), storage_options, cache)
             self.samples, self.classes = self._scan()
@@ -105,6 +106,8 @@ class ImageFolder(Dataset):
             if not self.samples:
                 raise EmptyDatasetError("ImageFolder got an empty list of (path, label) samples")
             self.classes = [str(i) for i in range(max(label for _, label in self.samples) + 1)]
+            if self.storage.cache is not None:  # the versions' snapshot (NOTE [consistency])
+                self.storage.versions.update(self.storage.current_versions(self._paths()))
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self.targets = [label for _, label in self.samples]
 
@@ -117,21 +120,99 @@ class ImageFolder(Dataset):
         return self.storage.url
 
     def _scan(self) -> tuple[list[tuple[str, int]], list[str]]:
+        found = self.storage.listing(on_error=self.on_error)
         base = self.storage.root.rstrip("/")
         by_class: dict[str, list[str]] = {}
-        for path in self.storage.find():
+        for path in found.files:
             rel = path[len(base) :].lstrip("/")
             if "/" not in rel or not rel.lower().endswith(self.extensions):
                 continue
             by_class.setdefault(rel.split("/", 1)[0], []).append(path)
-        if not by_class:
+        # NOTE [stable labels]: labels are positions in the sorted class names, so a class
+        # folder that vanished from the listing would renumber every later class. A folder
+        # that could not be listed (on_error="skip") keeps its class, with the images it could.
+        lost = sorted({f[len(base) :].lstrip("/").split("/", 1)[0] for f in found.unreadable})
+        for name in lost:
+            by_class.setdefault(name, [])
+        if lost:
+            shown = "; ".join(f"{f}: {why}" for f, why in list(found.unreadable.items())[:5])
+            logger.warning(
+                "ImageFolder(%r, on_error='skip'): could not list %d folders, their images are "
+                "left out (%s); classes %s keep their labels. Check the folders' permissions",
+                self.storage.url, len(found.unreadable), shown, lost,
+            )
+        if not any(by_class.values()):
+            unreadable = f" ({len(found.unreadable)} folders could not be listed)" if lost else ""
             raise EmptyDatasetError(
-                f"no images found in {self.storage.url}: expected <root>/<class>/<image> with "
-                f"one of {', '.join(self.extensions)}"
+                f"no images found in {self.storage.url}{unreadable}: expected "
+                f"<root>/<class>/<image> with one of {', '.join(self.extensions)}"
             )
         classes = sorted(by_class)
         samples = [(p, label) for label, c in enumerate(classes) for p in sorted(by_class[c])]
         return samples, classes
+
+    def _paths(self) -> list[str]:
+        return [path for path, _ in self.samples]
+
+    def revalidate(self) -> int:
+        """Re-read the versions of this dataset's files, so cached reads see changed files.
+
+        One listing of the root (for an explicit file list: a stat per local file, one
+        listing per remote folder), never a request per object. The sample set (files,
+        labels, ``len``) stays what it was when the dataset was built, like torchvision's;
+        a file deleted since then raises ObjectNotFoundError naming it when read (or is
+        skipped under ``on_error="skip"``); new files are ignored. Without a cache there is
+        nothing to do: every read goes to the origin. ``fastload.DataLoader`` calls this at
+        the start of every epoch after the first (docs/reliability.md, "Consistency model").
+
+        Returns the number of samples whose version changed (deleted ones included).
+
+        Example::
+
+            >>> ds = ImageFolder("/data/train", cache="/nvme/fastload")
+            >>> ds.revalidate()          # after files were rewritten
+            3
+        """
+        storage = self.storage
+        if storage.cache is None:
+            return 0
+        old = dict(storage.versions)
+        paths = self._paths()
+        if self._listed_root:
+            found = storage.listing(on_error=self.on_error, warn=False).files
+            current = {p: info["version"] for p, info in found.items()}
+            known = set(paths)
+            added = sum(
+                1 for p in found if p not in known and p.lower().endswith(self.extensions)
+            )
+        else:
+            current = storage.current_versions(paths)
+            storage.versions.update(current)
+            added = 0
+        changed = [p for p in paths if p in current and old.get(p) != current[p]]
+        missing = [p for p in paths if p not in current]
+        for path in missing:
+            storage.versions.pop(path, None)
+        if missing:
+            logger.warning(
+                "%s: %d of %d images were deleted since the dataset was listed (%s%s); reading "
+                "them raises ObjectNotFoundError (on_error='skip' skips them). Build a new "
+                "ImageFolder to drop them from the sample set",
+                storage.url, len(missing), len(paths), ", ".join(missing[:5]),
+                " ..." if len(missing) > 5 else "",
+            )
+        if changed:
+            logger.info(
+                "%s: %d of %d images changed since the last listing (%s%s); the cache reads "
+                "their new versions", storage.url, len(changed), len(paths),
+                ", ".join(changed[:5]), " ..." if len(changed) > 5 else "",
+            )
+        if added:
+            logger.info(
+                "%s: %d new images are not in the sample set, which is fixed when the "
+                "ImageFolder is built; build a new one to include them", storage.url, added,
+            )
+        return len(changed) + len(missing)
 
     def __len__(self) -> int:
         return len(self.samples)
