@@ -226,6 +226,11 @@ def test_a_symlink_planted_while_a_process_uses_the_cache_is_not_followed(tmp_pa
     cache.close()
     assert snapshot(outside) == before
     assert os.path.islink(planted)
+    if name == "lockfile":  # verify names it; any other planted name refuses the next open
+        assert [p for p, _ in tier.verify().foreign] == [str(planted)]
+    else:
+        with pytest.raises(CacheError, match="symlink"):
+            DiskTier(home)
 
 
 @pytest.mark.timeout(30)
