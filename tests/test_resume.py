@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import Dataset
 
 from fastload import ConfigError, DataLoader, ImageFolder
+from tests.contracts.resume import interrupted
 
 
 class Ids(Dataset):
@@ -28,22 +29,6 @@ class Ids(Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         return torch.tensor([int(i), int(torch.randint(0, 10**6, ()))])
-
-
-def interrupted(make, k: int, *, user_seed: int = 123) -> tuple[list, list, dict]:
-    """An uninterrupted epoch, and the same epoch cut after ``k`` batches and resumed."""
-    torch.manual_seed(5)
-    full = list(make())
-    torch.manual_seed(5)
-    loader = make()
-    it = iter(loader)
-    before = [next(it) for _ in range(k)]
-    state = pickle.loads(pickle.dumps(loader.state_dict()))  # as if saved to disk
-    del it
-    torch.manual_seed(user_seed)  # the new process's random state is anything
-    again = make()
-    again.load_state_dict(state)
-    return full, before + list(again), state
 
 
 def same(a: list, b: list, column: slice = slice(None)) -> bool:
