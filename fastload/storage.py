@@ -202,7 +202,9 @@ class Storage:
         # The listing alone, one request per page: it is repeated every epoch (revalidation).
         found = fs.find(root, withdirs=False, detail=True)
         if not found and not fs.exists(root):
-            raise ObjectNotFoundError(f"dataset root {self.url} does not exist; check the path or URL")
+            raise ObjectNotFoundError(
+                f"dataset root {self.url} does not exist; check the path or URL"
+            )
         if list(found) == [root] or (not found and not fs.isdir(root)):
             raise StorageError(f"dataset root {self.url} is a file, expected a directory")
         return {p: dict(found[p], version=version_of(found[p])) for p in sorted(found)}
@@ -289,11 +291,16 @@ def _walk_local(root: str, url: str, on_error: OnListError) -> Listing:
     try:
         top = os.stat(root)
     except FileNotFoundError as exc:
-        raise ObjectNotFoundError(f"dataset root {url} does not exist; check the path or URL") from exc
+        raise ObjectNotFoundError(
+            f"dataset root {url} does not exist; check the path or URL"
+        ) from exc
     if not stat.S_ISDIR(top.st_mode):
         raise StorageError(f"dataset root {url} is a file, expected a directory")
     found = Listing(files={})
-    stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(root, frozenset({(top.st_dev, top.st_ino)}))]
+    # Each folder to list, with the (device, inode) of the folders above it: a loop check.
+    stack: list[tuple[str, frozenset[tuple[int, int]]]] = [
+        (root, frozenset({(top.st_dev, top.st_ino)}))
+    ]
     while stack:
         folder, ancestors = stack.pop()
         try:
@@ -325,7 +332,8 @@ def _walk_local(root: str, url: str, on_error: OnListError) -> Listing:
                     stack.append((entry.path, ancestors | {ident}))
             elif stat.S_ISREG(st.st_mode):
                 found.files[entry.path] = {
-                    "name": entry.path, "size": st.st_size, "type": "file", "version": local_version(st),
+                    "name": entry.path, "size": st.st_size, "type": "file",
+                    "version": local_version(st),
                 }
             else:
                 found.skipped[entry.path] = _KINDS.get(stat.S_IFMT(st.st_mode), "special file")

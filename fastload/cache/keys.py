@@ -4,15 +4,16 @@ NOTE [cache keys]
 A key is ``"<url>#v=<version>"``. The version comes from the object's fsspec ``info()``
 (or from the listing, which carries the same fields): its size, plus the etag where the
 store has one, else its modification time. A changed object therefore gets a new key, and no
-tier ever has to detect staleness.
+tier ever has to detect staleness. ``fastload cache warm``, ``ImageFolder(cache=...)`` and
+the ``fastload::`` protocol build keys the same way, so they share one cache directory.
 
 Local files get a stronger version from ``os.stat`` (:func:`local_version`): size, mtime,
 inode and ctime, in nanoseconds. A user can set a file's size and mtime back (``touch -d``,
 ``cp -p``, an ``rsync`` that keeps times), but not its ctime, which the kernel sets on every
 write, and a file replaced by rename has a new inode; so a rewrite that keeps size and mtime
 still changes the key. Every path that builds a key for a local file (the listing, ``info``
-of the ``fastload::`` protocol, ``cache warm``) uses :func:`local_version`. ``fastload cache warm``, ``ImageFolder(cache=...)`` and
-the ``fastload::`` protocol build keys the same way, so they share one cache directory.
+of the ``fastload::`` protocol, ``cache warm``) uses :func:`local_version`. The version
+is revalidated once per epoch by the loader (docs/reliability.md, "Consistency model").
 
 Tiers never use a key as a path: the disk tier names a file by the key's 128-bit xxh3 hash
 (:func:`digest`), so a hostile object name (``../../etc/passwd``) cannot leave the cache

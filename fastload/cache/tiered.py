@@ -92,7 +92,9 @@ class TieredCache:
         except FileNotFoundError as exc:
             raise ObjectNotFoundError(f"{fs.unstrip_protocol(path)} does not exist") from exc
         except _STORAGE_FAILURES as exc:
-            raise StorageError(f"cannot read the version of {fs.unstrip_protocol(path)}: {exc}") from exc
+            raise StorageError(
+                f"cannot read the version of {fs.unstrip_protocol(path)}: {exc}"
+            ) from exc
 
     def read(self, fs: fsspec.AbstractFileSystem, path: str, version: str | None = None) -> bytes:
         """The bytes of ``path``, from the fastest tier that has them, else from the origin.
