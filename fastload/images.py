@@ -20,7 +20,9 @@ list of ``(path, label)`` pairs works too: ``ImageFolder([("a.jpg", 0), ("b.jpg"
 
 from __future__ import annotations
 
+import errno
 import logging
+import numbers
 import os
 import time
 from collections.abc import Sequence
@@ -29,17 +31,28 @@ from typing import Any, Literal
 
 import torch
 from PIL import Image, UnidentifiedImageError
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from fastload import batchinfo
+from fastload.arguments import (
+    check_bool,
+    check_choice,
+    check_mapping,
+    check_optional_int,
+    check_size,
+    check_strings,
+    config_error,
+)
 from fastload.cache import open_cache
 from fastload.errors import (
-    ConfigError,
     CorruptSampleError,
     EmptyDatasetError,
-    ObjectNotFoundError,
+    MissingSampleError,
     SampleError,
+    StorageError,
+    UnreadableSampleError,
 )
+from fastload.io.errors import describe
 from fastload.pipeline import ImagePipeline, Normalize
 from fastload.sampling import mix_seed
 from fastload.storage import Storage
@@ -52,6 +65,24 @@ OnError = Literal["raise", "skip"]
 
 # Pillow's own decode errors; anything else (a bug, MemoryError) propagates unchanged.
 _DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+
+def _check_root(root: Any) -> None:
+    """A path or URL, or a non-empty list of (path, label) pairs with labels ints >= 0."""
+    if isinstance(root, (str, os.PathLike)):
+        return
+    expected = "a path or URL (str, os.PathLike), or a list of (path, label) pairs"
+    if not isinstance(root, Sequence) or isinstance(root, bytes):
+        raise config_error("ImageFolder", "root", root, expected)
+    for item in root:
+        ok = isinstance(item, Sequence) and not isinstance(item, (str, bytes)) and len(item) == 2
+        if not (ok and isinstance(item[0], (str, os.PathLike))
+                and isinstance(item[1], numbers.Integral) and not isinstance(item[1], bool)
+                and item[1] >= 0):
+            raise config_error(
+                "ImageFolder", "root", root, expected,
+                f"The item {item!r} is not a (path, label >= 0) pair",
+            )
 
 
 class ImageFolder(Dataset):
@@ -67,8 +98,11 @@ class ImageFolder(Dataset):
         cache: where bytes are cached: a directory (``"~/.cache/fastload"``), a dict or
             :class:`~fastload.cache.CacheConfig` (memory and disk sizes, policy), or
             ``None`` to read the origin every time. See docs/cache.md.
-        on_error: "raise" (default) fails on a corrupt or missing image, naming the file and
-            index; "skip" drops it from its batch, counts it and reports it at the epoch end.
+        on_error: what a sample that cannot be read or decoded does (missing, permission
+            denied, a looping symlink, a storage failure, corrupt or truncated bytes, a
+            decompression bomb). "raise" (default): a :class:`~fastload.errors.SampleError`
+            with ``.index`` and ``.path``, the same from worker processes; "skip": it is left
+            out of its batch, listed in ``loader.skipped`` and reported at the epoch end.
         seed: seed of the random augmentations; None follows ``torch.manual_seed``.
         extensions: file endings that count as images (case-insensitive).
         storage_options: passed to fsspec (credentials, endpoint, ...).
@@ -90,8 +124,21 @@ class ImageFolder(Dataset):
         extensions: Sequence[str] = IMAGE_EXTENSIONS,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
-        if on_error not in ("raise", "skip"):
-            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        where = "ImageFolder"
+        on_error = check_choice(where, "on_error", on_error, ("raise", "skip"))  # type: ignore[assignment]
+        size = check_size(where, "size", size)
+        train = check_bool(where, "train", train)
+        if not isinstance(normalize, (bool, Normalize)):
+            raise config_error(where, "normalize", normalize, "True (ImageNet mean/std), False or a Normalize")
+        if pipeline is not None and not isinstance(pipeline, ImagePipeline):
+            raise config_error(
+                where, "pipeline", pipeline, "an ImagePipeline or None",
+                "Build one with ImagePipeline.standard(224) or ImagePipeline((Resize(256), CenterCrop(224)))",
+            )
+        seed = check_optional_int(where, "seed", seed)
+        extensions = check_strings(where, "extensions", extensions, example="('.jpg', '.png')")
+        storage_options = check_mapping(where, "storage_options", storage_options)
+        _check_root(root)
         self.pipeline = pipeline or ImagePipeline.standard(size, train=train, normalize=normalize)
         self.on_error: OnError = on_error
         self.seed = seed
@@ -253,24 +300,55 @@ class ImageFolder(Dataset):
         return image, label
 
     def read_bytes(self, index: int) -> bytes:
-        """The encoded bytes of sample ``index``; a missing file's error names it and the index.
+        """The encoded bytes of sample ``index``.
 
-        Every engine reads through here, so the storage (and its cache) sees each read.
+        Every engine reads through here, so the storage (and its cache) sees each read. A
+        failed read raises :class:`~fastload.errors.UnreadableSampleError` (a StorageError;
+        :class:`~fastload.errors.MissingSampleError` for a file gone since the listing)
+        naming the file and the index, with the storage's error as ``__cause__``.
         """
         path = self.samples[index][0]
         try:
             return self.storage.read(path)
-        except ObjectNotFoundError as exc:
-            raise ObjectNotFoundError(
-                f"image {self.storage.to_url(path)} (index {int(index)}) is missing: {exc}"
-            ) from exc
+        except (StorageError, OSError) as exc:  # a cache tier may raise a bare OSError
+            raise self.unreadable(index, exc) from exc
+
+    def unreadable(self, index: int, exc: BaseException) -> UnreadableSampleError:
+        """The error for sample ``index`` whose bytes cannot be read (``exc`` says why)."""
+        path = self.samples[index][0]
+        root = exc.__cause__ if isinstance(exc, StorageError) and exc.__cause__ else exc
+        if isinstance(exc, FileNotFoundError):
+            kind: type[UnreadableSampleError] = MissingSampleError
+            fix = "It was listed but is gone: restore it, or build the ImageFolder again to re-list"
+        elif isinstance(root, PermissionError):
+            kind, fix = UnreadableSampleError, "Make it readable by this process (chmod, chown)"
+        elif isinstance(root, OSError) and root.errno == errno.ELOOP:
+            kind, fix = UnreadableSampleError, "It is a symbolic link that loops: repoint or remove it"
+        else:
+            kind, fix = UnreadableSampleError, "Check the storage (network, credentials) and retry"
+        return kind(
+            f"cannot read image {self.storage.to_url(path)} (index {int(index)}): "
+            f"{describe(root)}. {fix}, or pass on_error='skip' to skip and count it.",
+            index=int(index),
+            path=path,
+        )
 
     def corrupt(self, index: int, exc: BaseException) -> CorruptSampleError:
         """The error for sample ``index`` whose bytes do not decode (``exc`` says why)."""
         path = self.samples[index][0]
+        # Pillow's text for an unknown format names a BytesIO by its address: say it plainly.
+        why = "Pillow cannot identify it as an image" if isinstance(exc, UnidentifiedImageError) else exc
+        if isinstance(exc, Image.DecompressionBombError):
+            fix = (
+                "It has more pixels than Pillow allows (PIL.Image.MAX_IMAGE_PIXELS guards "
+                "against decompression bombs): raise that limit if the file is trusted, remove "
+                "it"
+            )
+        else:
+            fix = "Replace or remove the file"
         return CorruptSampleError(
-            f"cannot decode image {self.storage.to_url(path)} (index {int(index)}): {exc}. "
-            "Replace or remove the file, or pass on_error='skip' to skip and count it.",
+            f"cannot decode image {self.storage.to_url(path)} (index {int(index)}): {why}. "
+            f"{fix}, or pass on_error='skip' to skip and count it.",
             index=int(index),
             path=path,
         )
@@ -278,16 +356,26 @@ class ImageFolder(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.load(index)
 
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, int]]:
-        """A batch's samples; under ``on_error="skip"`` failed ones are left out and recorded."""
+    def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[torch.Tensor, int]]:
+        """A batch's samples; under ``on_error="skip"`` failed ones are left out and recorded.
+
+        Under ``on_error="raise"`` the first failure raises a SampleError; inside a worker
+        process it comes back as a :class:`~fastload.batchinfo.FailedBatch` that raises it
+        when looked at (NOTE [sample errors cross the process boundary]).
+        """
         if self.on_error == "raise":
-            return [self.load(i) for i in indices]
+            try:
+                return [self.load(i) for i in indices]
+            except SampleError as exc:
+                if get_worker_info() is None:
+                    raise
+                return batchinfo.FailedBatch(exc)
         out = []
         for i in indices:
             try:
                 out.append(self.load(i))
-            except (SampleError, ObjectNotFoundError) as exc:
-                path = getattr(exc, "path", None) or self.samples[i][0]
+            except SampleError as exc:  # every read or decode failure of one sample
+                path = exc.path or self.samples[i][0]
                 batchinfo.record_skip(batchinfo.Skipped(int(i), path, str(exc)))
                 logger.debug("skipped sample %d (%s): %s", int(i), path, exc)
         return out
