@@ -406,6 +406,8 @@ def _unwrap(
                 meter.note_work(info.fetch_s, info.decode_s, info.collate_s)
             if item.info.skipped:
                 loader.skipped.extend(item.info.skipped)
+            if item.info.error is not None:  # NOTE [sample errors cross the process boundary]
+                raise item.info.error.exception()
             if item.batch is None:  # every sample of this batch was skipped
                 continue
             item = item.batch
