@@ -1,0 +1,192 @@
+"""Per-sample failures: skipped and counted under on_error="skip", raised with index and path
+under on_error="raise", the same with 0 and 2 real worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+
+import fastload
+from fastload import DataLoader, ImageFolder
+from fastload.synthetic import make_jpeg_folder
+from tests.fixtures.privileges import run_unprivileged, unprivileged  # noqa: F401 (fixture)
+
+BAD = 3  # the index of the broken sample in every case
+IMAGES = 8
+
+
+def png_bomb(width: int = 20000, height: int = 20000) -> bytes:
+    """A valid PNG header claiming width x height pixels: Pillow refuses it on open."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+
+
+def break_file(path: Path, how: str) -> None:
+    if how == "corrupt":
+        path.write_bytes(b"this is not an image at all")
+    elif how == "truncated":
+        path.write_bytes(path.read_bytes()[:300])
+    elif how == "zero_byte":
+        path.write_bytes(b"")
+    elif how == "bomb":
+        path.write_bytes(png_bomb())
+    elif how == "missing":
+        path.unlink()
+    elif how == "eloop":
+        path.unlink()
+        path.symlink_to(path.name)  # a link to itself: open() fails with ELOOP
+    elif how == "denied":
+        path.chmod(0o000)
+    else:
+        raise AssertionError(how)
+
+
+EXPECTED = {
+    "corrupt": fastload.CorruptSampleError,
+    "truncated": fastload.CorruptSampleError,
+    "zero_byte": fastload.CorruptSampleError,
+    "bomb": fastload.CorruptSampleError,
+    "missing": fastload.errors.MissingSampleError,
+    "eloop": fastload.errors.UnreadableSampleError,
+}
+
+
+@pytest.fixture
+def broken(tmp_path, request):
+    """(samples, path of sample BAD, how): the (path, label) list of a whole folder, then
+    one file broken, as when a file breaks between the listing and the read."""
+    root = make_jpeg_folder(tmp_path / "data", images=IMAGES, classes=1, size=(48, 40))
+    samples = ImageFolder(root).samples
+    path = Path(samples[BAD][0])
+    break_file(path, request.param)
+    return samples, str(path), request.param
+
+
+def loader(samples, on_error: str, workers: int) -> DataLoader:
+    ds = ImageFolder(samples, size=16, on_error=on_error)
+    return DataLoader(ds, batch_size=2, num_workers=workers, persistent_workers=False)
+
+
+def outcome(samples, workers: int) -> tuple[type, int | None, str | None, str]:
+    with pytest.raises(fastload.SampleError) as info:
+        for _ in loader(samples, "raise", workers):
+            pass
+    exc = info.value
+    return type(exc), exc.index, exc.path, str(exc)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("broken", list(EXPECTED), indirect=True)
+def test_raise_gives_the_same_error_with_and_without_workers(broken):
+    samples, path, how = broken
+    without = outcome(samples, 0)
+    assert without[0] is EXPECTED[how]
+    assert without[1] == BAD and without[2] == path
+    assert path in without[3] and f"index {BAD}" in without[3] and "on_error='skip'" in without[3]
+    assert outcome(samples, 2) == without
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("broken", list(EXPECTED), indirect=True)
+def test_skip_counts_the_sample_and_finishes_the_epoch(broken, workers):
+    samples, path, _ = broken
+    data = loader(samples, "skip", workers)
+    labels = [label for _, batch in data for label in batch.tolist()]
+    assert len(labels) == IMAGES - 1
+    assert [(s.index, s.path) for s in data.skipped] == [(BAD, path)]
+    assert path in data.skipped[0].reason
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("broken", ["missing", "eloop"], indirect=True)
+def test_unreadable_samples_stay_storage_errors_with_the_cause(broken):
+    samples, path, how = broken
+    with pytest.raises(fastload.StorageError) as info:
+        ImageFolder(samples, size=16)[BAD]
+    assert isinstance(info.value, fastload.SampleError) and info.value.index == BAD
+    assert isinstance(info.value.__cause__, OSError)
+    if how == "missing":
+        assert isinstance(info.value, fastload.ObjectNotFoundError)
+        assert isinstance(info.value, FileNotFoundError)
+    else:
+        assert "symbolic link that loops" in str(info.value)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("broken", ["corrupt"], indirect=True)
+def test_worker_error_keeps_its_cause_and_the_worker_traceback(broken):
+    samples, path, _ = broken
+    with pytest.raises(fastload.CorruptSampleError) as info:
+        list(loader(samples, "raise", 2))
+    exc = info.value
+    assert exc.__cause__ is not None and type(exc.__cause__).__name__ == "UnidentifiedImageError"
+    notes = "\n".join(getattr(exc, "__notes__", []))
+    assert "DataLoader worker process" in notes and "in load" in notes
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("broken", ["corrupt"], indirect=True)
+def test_paths_without_envelopes_still_name_file_and_index(broken):
+    samples, path, _ = broken
+    ds = ImageFolder(samples, size=16)
+    # one sample at a time (batch_size=None) through fastload's loader
+    with pytest.raises(fastload.CorruptSampleError, match=f"index {BAD}") as info:
+        list(DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=False))
+    assert path in str(info.value)
+    # a stock torch loader: the error is raised inside the worker, torch keeps type and text
+    with pytest.raises(fastload.CorruptSampleError, match=f"index {BAD}") as info:
+        list(torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2))
+    assert path in str(info.value)
+
+
+_DENIED_SCRIPT = """
+import json, sys
+import fastload
+from fastload import DataLoader, ImageFolder
+samples, out = [tuple(s) for s in json.loads(sys.argv[1])], {}
+for workers in (0, 2):
+    try:
+        for _ in DataLoader(ImageFolder(samples, size=16), batch_size=2, num_workers=workers,
+                            persistent_workers=False):
+            pass
+        out[f"raise{workers}"] = None
+    except fastload.SampleError as exc:
+        out[f"raise{workers}"] = [type(exc).__name__, exc.index, exc.path, str(exc),
+                                  isinstance(exc, fastload.StorageError),
+                                  type(exc.__cause__).__name__]
+    data = DataLoader(ImageFolder(samples, size=16, on_error="skip"), batch_size=2,
+                      num_workers=workers, persistent_workers=False)
+    n = sum(len(labels) for _, labels in data)
+    out[f"skip{workers}"] = [n, [[s.index, s.path] for s in data.skipped]]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("broken", ["denied"], indirect=True)
+def test_permission_denied_sample(broken, unprivileged):  # noqa: F811
+    samples, path, _ = broken
+    try:
+        result = run_unprivileged(_DENIED_SCRIPT, json.dumps(samples), timeout=100)
+    finally:
+        os.chmod(path, 0o644)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    name, index, got_path, message, is_storage, cause = out["raise0"]
+    assert (name, index, got_path, is_storage) == ("UnreadableSampleError", BAD, path, True)
+    assert cause == "StorageError"  # the storage's error; its own cause is the PermissionError
+    assert "Permission denied" in message and path in message and f"index {BAD}" in message and "readable" in message
+    assert out["raise2"] == out["raise0"]
+    for workers in (0, 2):
+        assert out[f"skip{workers}"] == [IMAGES - 1, [[BAD, path]]]
