@@ -18,9 +18,11 @@ from fastload.errors import (
     EmptyDatasetError,
     FastloadError,
     MissingDependencyError,
+    MissingSampleError,
     ObjectNotFoundError,
     SampleError,
     StorageError,
+    UnreadableSampleError,
 )
 from fastload.images import ImageFolder
 from fastload.loader import DataLoader
@@ -57,6 +59,7 @@ __all__ = [
     "LoaderSettings",
     "Machine",
     "MissingDependencyError",
+    "MissingSampleError",
     "Normalize",
     "ObjectNotFoundError",
     "RandomResizedCrop",
@@ -65,6 +68,7 @@ __all__ = [
     "Setting",
     "StarvationMeter",
     "StorageError",
+    "UnreadableSampleError",
     "__version__",
     "measure",
 ]
