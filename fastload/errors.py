@@ -19,7 +19,8 @@ meaning that callers already test for (``ValueError`` for a bad argument,
     │           │                         denied, a looping symlink, the storage failed)
     │           └── MissingSampleError (ObjectNotFoundError)   it was listed, now it is gone
     ├── StorageError (OSError)            the storage failed below fastload
-    │   └── ObjectNotFoundError (FileNotFoundError)
+    │   ├── ObjectNotFoundError (FileNotFoundError)
+    │   └── OriginUnavailableError        the origin looks down: a warm gave up, with counts
     └── CacheError                        the cache cannot be used as configured
 
 Storage and engine errors are converted with ``raise ... from exc``, so the original
@@ -115,6 +116,39 @@ class UnreadableSampleError(SampleError, StorageError):
 
 class MissingSampleError(UnreadableSampleError, ObjectNotFoundError):
     """A sample that was listed no longer exists (deleted or moved since the listing)."""
+
+
+class OriginUnavailableError(StorageError):
+    """The origin store looks down or stalled, so a bulk operation (``cache warm``) gave up.
+
+    Raised instead of failing object after object. Running the same operation again resumes:
+    what is cached stays cached.
+
+    Attributes:
+        url: the dataset root.
+        files: objects in the run (this shard).
+        done: objects finished (cached, already cached, or failed) when it gave up.
+        cached: objects in the cache when it gave up (fetched now or before).
+        failed: objects that failed.
+        last_error: the last failure, as text.
+        report: the caller's partial report (``fastload.cache.warm.WarmReport``), or None.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str,
+        files: int = 0,
+        done: int = 0,
+        cached: int = 0,
+        failed: int = 0,
+        last_error: str = "",
+        report: object | None = None,
+    ):
+        super().__init__(message)
+        self.url, self.files, self.done, self.cached = url, files, done, cached
+        self.failed, self.last_error, self.report = failed, last_error, report
 
 
 class CacheError(FastloadError):

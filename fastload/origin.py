@@ -1,4 +1,4 @@
-"""How fastload reads one whole object from its origin storage: one request, not two.
+"""How fastload reads from its origin storage: one request per object, bounded in time.
 
 NOTE [one GET per object]: s3fs's ``cat_file(path)`` first asks for the object's size (a HEAD
 request, unless its listing cache already holds it) to decide whether to download the object
@@ -8,19 +8,135 @@ with ``Range: bytes=0-`` and returns the whole object on every fsspec filesystem
 files seek to 0; HTTP servers without range support answer 200 with the whole body).
 Objects known to be large (sharded archives) are read by :mod:`fastload.bench.throughput`
 through a file object instead.
+
+NOTE [origin timeouts]: a store that stops answering must fail a read, not hang it. Three
+layers bound every origin request:
+
+1. :func:`with_timeouts` gives each filesystem connect and read (stall) timeouts and, where
+   the client library retries, a bounded retry count, unless the user set them:
+   s3fs gets botocore's ``connect_timeout``/``read_timeout`` and ``retries`` (standard mode,
+   3 attempts with exponential backoff); HTTP gets aiohttp's ``ClientTimeout``.
+2. :func:`read_whole` retries transient failures itself only where the client has no retry
+   of its own (HTTP), a few times with backoff; never a missing or forbidden object.
+3. s3fs retries timeouts in two nested loops of 5 that no option controls (25 attempts of
+   up to ``read_timeout`` each), so :func:`read_whole` also bounds one whole read, retries
+   included, by ``deadline`` seconds with fsspec's own ``timeout=`` (it cancels the request).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
+from fsspec.asyn import AsyncFileSystem
+from fsspec.exceptions import FSTimeoutError
 
-def read_whole(fs: Any, path: str) -> bytes:
+logger = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 5.0
+"""Seconds to open a connection to the origin before the attempt fails."""
+
+READ_TIMEOUT_S = 10.0
+"""Seconds without a byte from the origin before the attempt fails (a stall, not a total)."""
+
+ATTEMPTS = 3
+"""Attempts per request (the first one included) for transient errors."""
+
+READ_DEADLINE_S = 30.0
+"""Seconds one whole-object read may take, every retry included, on async filesystems."""
+
+_BACKOFF_S = 0.5  # first pause between attempts where fastload retries; doubles each time
+_RETRIED_HERE = frozenset({"http", "https"})  # clients without a retry of their own
+
+
+def with_timeouts(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    """``options`` for fsspec's ``url_to_fs(url, **options)`` with fastload's timeout defaults.
+
+    Only what the user left unset is added; a chained URL (``latency::s3://...``) gets the
+    defaults in each protocol's own dict. Unknown protocols are left as they are.
+
+    Example::
+
+        >>> with_timeouts("s3://bucket/train", {"anon": True})["config_kwargs"]["read_timeout"]
+        10.0
+    """
+    options = dict(options or {})
+    chain = [part.split("://", 1)[0] for part in url.split("::")]
+    if len(chain) == 1:
+        return _add_defaults(chain[0] if "://" in url else "file", options)
+    for protocol in chain:
+        if protocol in ("s3", "s3a", "http", "https"):
+            options[protocol] = _add_defaults(protocol, dict(options.get(protocol) or {}))
+    return options
+
+
+def _add_defaults(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
+    if protocol in ("s3", "s3a"):
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
+        config.setdefault("read_timeout", READ_TIMEOUT_S)
+        config.setdefault("retries", {"total_max_attempts": ATTEMPTS, "mode": "standard"})
+        options["config_kwargs"] = config
+    elif protocol in ("http", "https"):
+        import aiohttp
+
+        client = dict(options.get("client_kwargs") or {})
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=READ_TIMEOUT_S
+        )
+        client.setdefault("timeout", timeout)
+        options["client_kwargs"] = client
+    return options
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the origin is unreachable or failing, not that one object is bad.
+
+    A missing object or a denied one (``FileNotFoundError``, ``PermissionError`` anywhere in
+    the ``__cause__`` chain) is the object's own problem; anything else (connection refused,
+    timeouts, 5xx answers) may be an outage.
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, (FileNotFoundError, PermissionError)):
+            return False
+        seen = seen.__cause__
+    return True
+
+
+def read_whole(fs: Any, path: str, *, deadline: float | None = READ_DEADLINE_S) -> bytes:
     """The whole object at ``path`` of fsspec filesystem ``fs``, in one request.
+
+    On an async filesystem (s3fs, HTTP) the read, retries included, gives up after
+    ``deadline`` seconds with a ``TimeoutError`` (NOTE [origin timeouts]).
 
     Example::
 
         >>> fs = fsspec.filesystem("s3")
         >>> data = read_whole(fs, "bucket/train/cat/0001.jpg")   # one GET, no HEAD
     """
-    return fs.cat_file(path, start=0)
+    if not isinstance(fs, AsyncFileSystem) or fs.asynchronous or not deadline:
+        return fs.cat_file(path, start=0)
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    attempts = ATTEMPTS if protocols & _RETRIED_HERE else 1
+    end = time.monotonic() + deadline
+    for attempt in range(1, attempts + 1):
+        try:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise FSTimeoutError  # the deadline passed while backing off
+            # fsspec's sync wrapper takes `timeout` and cancels the request when it passes.
+            return fs.cat_file(path, start=0, timeout=left)
+        except FSTimeoutError as exc:
+            raise TimeoutError(
+                f"no complete answer within {deadline:g} s ({attempt} attempt(s), timeouts and "
+                f"retries included); the store is down or stalled"
+            ) from exc
+        except Exception as exc:
+            if attempt == attempts or not is_unavailable(exc):
+                raise
+            pause = _BACKOFF_S * 2 ** (attempt - 1)
+            logger.info("reading %s failed (%s); retrying in %.1f s", path, exc, pause)
+            time.sleep(min(pause, max(end - time.monotonic(), 0)))
+    raise AssertionError("unreachable")  # the loop returns or raises

@@ -30,7 +30,7 @@ from fsspec.registry import known_implementations
 
 from fastload.cache.keys import local_version, version_of
 from fastload.errors import ConfigError, ObjectNotFoundError, StorageError
-from fastload.origin import read_whole
+from fastload.origin import read_whole, with_timeouts
 
 if TYPE_CHECKING:
     from fastload.cache.tiered import TieredCache
@@ -113,7 +113,7 @@ class Storage:
     def _open(self) -> tuple[fsspec.AbstractFileSystem, str]:
         if self._fs is None or self._pid != os.getpid():
             try:
-                fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+                fs, root = fsspec.core.url_to_fs(self.url, **with_timeouts(self.url, self.storage_options))
             except ImportError as exc:
                 raise StorageError(
                     f"cannot open {self.url}: the {self.protocol}:// protocol is not installed; "
