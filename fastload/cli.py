@@ -14,6 +14,7 @@ import click
 import fastload
 from fastload.commands.bench import bench as bench_command
 from fastload.commands.cache import cache as cache_command
+from fastload.errors import OriginUnavailableError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -30,9 +31,18 @@ cli.add_command(cache_command)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); returns the exit code.
+
+    Exit codes: 0 success; 1 something failed (objects not fetched, corrupt entries, the
+    origin unavailable); 2 bad usage or bad input (an unknown option, a missing directory);
+    130 interrupted (Ctrl-C). The console script and ``python -m fastload`` exit with it::
+
+        sys.exit(main(["cache", "verify", "/nvme/fastload"]))
+    """
     try:
-        cli.main(args=argv, prog_name="fastload", standalone_mode=False)
+        # standalone_mode=False: click returns the code of `ctx.exit(n)` / `Exit(n)` (or the
+        # command's return value) instead of calling sys.exit, so it must be passed on.
+        code = cli.main(args=argv, prog_name="fastload", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:
@@ -41,7 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 130
+    except OriginUnavailableError as exc:
+        click.echo(f"fastload: error: {exc}", err=True)
+        return 1
     except fastload.FastloadError as exc:
         click.echo(f"fastload: error: {exc}", err=True)
         return 2
-    return 0
+    return code if isinstance(code, int) else 0

@@ -5,6 +5,10 @@ already cached (a complete entry) are skipped, so a second run after a failure o
 interrupted one fetches only what is missing. With ``shard=(i, n)`` node ``i`` of ``n``
 warms every n-th object, so n nodes (each with its own disk) split a dataset.
 
+A warm stops early when the origin looks down (NOTE [warm circuit breaker]) and raises
+:class:`~fastload.errors.OriginUnavailableError` with the counts, instead of failing every
+remaining object one timeout at a time.
+
 Example::
 
     >>> report = warm("s3://bucket/train", "/nvme/fastload", jobs=32)
@@ -15,14 +19,28 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import logging
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastload.cache.config import open_cache
-from fastload.errors import ConfigError, FastloadError
+from fastload.errors import ConfigError, FastloadError, ObjectNotFoundError, OriginUnavailableError
+from fastload.origin import is_unavailable
 from fastload.storage import Storage
+
+if TYPE_CHECKING:
+    from fastload.cache.tiered import TieredCache
+
+logger = logging.getLogger(__name__)
+
+MAX_FAILURES = 10
+"""Default of ``max_failures``: objects in a row that may fail before a warm gives up."""
+
+GIVE_UP_AFTER_S = 20.0
+"""Default of ``give_up_after``: seconds of failures with no success before a warm gives up."""
 
 
 @dataclass
@@ -41,6 +59,16 @@ class WarmReport:
     def ok(self) -> bool:
         return not self.failed
 
+    @property
+    def done(self) -> int:
+        """Objects finished so far, whatever their outcome."""
+        return self.fetched + self.skipped + self.rejected + len(self.failed)
+
+    @property
+    def cached(self) -> int:
+        """Objects of the shard in the cache (fetched now or before)."""
+        return self.fetched + self.skipped
+
 
 def parse_shard(text: str) -> tuple[int, int]:
     """``"I/N"`` as ``(I, N)`` with ``0 <= I < N``."""
@@ -53,6 +81,39 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+# NOTE [warm circuit breaker]
+# Against a dead or stalled origin every object fails only after its own timeouts and
+# retries (NOTE [origin timeouts]), so failing them one by one takes hours. The breaker
+# counts failures since the last success; it trips after `max_failures` of them, or after
+# one or more when nothing has succeeded for `give_up_after` seconds (with few jobs, failures
+# arrive slowly: a stalled store fails each read only at its read deadline). Missing and
+# forbidden objects are the object's own problem: they neither count nor reset the count.
+# Once tripped no new object starts; those in flight finish (bounded by their timeouts).
+
+
+class _Breaker:
+    def __init__(self, max_failures: int, give_up_after: float) -> None:
+        self.max_failures, self.give_up_after = max_failures, give_up_after
+        self.streak = 0
+        self.last_success = time.monotonic()
+        self.tripped = False
+        self.reason = ""
+
+    def success(self) -> None:
+        self.streak, self.last_success = 0, time.monotonic()
+
+    def failure(self, exc: BaseException) -> None:
+        if not is_unavailable(exc):
+            return
+        self.streak += 1
+        quiet = time.monotonic() - self.last_success
+        if self.streak >= self.max_failures:
+            self.tripped, self.reason = True, f"{self.streak} objects in a row failed"
+        elif quiet >= self.give_up_after:
+            self.tripped = True
+            self.reason = f"{self.streak} object(s) failed and none succeeded for {quiet:.0f} s"
+
+
 def warm(
     url: str,
     cache: Any,
@@ -60,6 +121,8 @@ def warm(
     jobs: int = 16,
     shard: tuple[int, int] = (0, 1),
     storage_options: dict[str, Any] | None = None,
+    max_failures: int = MAX_FAILURES,
+    give_up_after: float = GIVE_UP_AFTER_S,
     on_start: Callable[[int, int], None] | None = None,
     on_file: Callable[[str, int, str], None] | None = None,
 ) -> WarmReport:
@@ -70,10 +133,17 @@ def warm(
         cache: a cache spec (a directory, a dict, a CacheConfig...); needs a disk or Redis tier.
         jobs: requests in flight.
         shard: ``(i, n)``: warm objects ``i, i + n, i + 2n...`` of the sorted listing.
-        storage_options: passed to fsspec.
+        storage_options: passed to fsspec (fastload adds timeouts the user left unset).
+        max_failures: give up after this many objects in a row failed (the origin looks
+            down); missing or forbidden objects do not count.
+        give_up_after: give up when objects fail and none succeeded for this many seconds.
         on_start: called with (objects, bytes) of the shard before fetching.
         on_file: called with (url, bytes, outcome) as each object finishes; outcome is
             "hit", "fetched", "rejected" or "failed".
+
+    Raises:
+        OriginUnavailableError: the origin cannot be listed or the breaker tripped; it
+            carries the counts and the partial report. Run the same warm again to resume.
     """
     store = open_cache(cache)
     if store is None or not any(t.shared for t in store.tiers):
@@ -82,37 +152,111 @@ def warm(
         )
     if jobs < 1:
         raise ConfigError(f"jobs must be at least 1, got {jobs}")
+    if max_failures < 1:
+        raise ConfigError(f"max_failures must be at least 1, got {max_failures}")
+    try:
+        breaker = _Breaker(max_failures, give_up_after)
+        return _warm(url, store, jobs, shard, storage_options, breaker, on_start, on_file)
+    finally:
+        store.close()
+
+
+def _warm(
+    url: str,
+    store: TieredCache,
+    jobs: int,
+    shard: tuple[int, int],
+    storage_options: dict[str, Any] | None,
+    breaker: _Breaker,
+    on_start: Callable[[int, int], None] | None,
+    on_file: Callable[[str, int, str], None] | None,
+) -> WarmReport:
     index, count = shard
     storage = Storage(url, storage_options, cache=store)
-    listing = storage.find(detail=True)
+    try:
+        listing = storage.find(detail=True)
+    except ObjectNotFoundError:
+        raise
+    except FastloadError as exc:
+        if not is_unavailable(exc):
+            raise
+        raise OriginUnavailableError(
+            f"cannot warm {storage.url}: listing it failed: {exc}. Check that the store is up "
+            f"and reachable, then run the same command again",
+            url=storage.url, last_error=str(exc),
+        ) from exc
     mine = list(listing.items())[index::count]
-    report = WarmReport(url=storage.url, files=len(mine), bytes=sum(int(i.get("size") or 0) for _, i in mine))
+    nbytes = sum(int(info.get("size") or 0) for _, info in mine)
+    report = WarmReport(url=storage.url, files=len(mine), bytes=nbytes)
     if on_start is not None:
         on_start(report.files, report.bytes)
     fs = storage.fs
+    last: BaseException | None = None
 
     def one(path: str) -> str:
         return store.ensure(fs, path, storage.versions.get(path), shared_only=True)
 
-    try:
-        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="fastload-warm") as pool:
-            futures = {pool.submit(one, path): (path, info) for path, info in mine}
-            for future in as_completed(futures):
-                path, info = futures[future]
-                try:
-                    outcome = future.result()
-                except (FastloadError, OSError) as exc:
-                    outcome = "failed"
-                    report.failed.append((storage.to_url(path), str(exc)))
-                if outcome == "fetched":
-                    report.fetched += 1
-                elif outcome == "hit":
-                    report.skipped += 1
-                elif outcome == "rejected":
-                    report.rejected += 1
-                if on_file is not None:
-                    on_file(storage.to_url(path), int(info.get("size") or 0), outcome)
-    finally:
-        store.close()
+    def finished(future: Future[str], path: str, info: dict[str, Any]) -> None:
+        nonlocal last
+        try:
+            outcome = future.result()
+        except (FastloadError, OSError) as exc:
+            outcome, last = "failed", exc
+            report.failed.append((storage.to_url(path), str(exc)))
+            breaker.failure(exc)
+        else:
+            breaker.success()
+            if outcome == "fetched":
+                report.fetched += 1
+            elif outcome == "hit":
+                report.skipped += 1
+            elif outcome == "rejected":
+                report.rejected += 1
+        if on_file is not None:
+            on_file(storage.to_url(path), int(info.get("size") or 0), outcome)
+
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="fastload-warm") as pool:
+        _run_bounded(pool, jobs, iter(mine), one, finished, lambda: breaker.tripped)
     report.failed.sort()
+    if breaker.tripped:
+        assert last is not None
+        raise OriginUnavailableError(
+            f"gave up warming {report.url}: the origin looks unavailable ({breaker.reason}); "
+            f"last error: {last}. {report.done}/{report.files} objects done, {report.cached} "
+            f"cached, {len(report.failed)} failed. Run the same command again to resume: cached "
+            f"objects are skipped",
+            url=report.url, files=report.files, done=report.done, cached=report.cached,
+            failed=len(report.failed), last_error=str(last), report=report,
+        ) from last
     return report
+
+
+def _run_bounded(
+    pool: ThreadPoolExecutor,
+    jobs: int,
+    items: Iterator[tuple[str, dict[str, Any]]],
+    work: Callable[[str], str],
+    finished: Callable[[Future[str], str, dict[str, Any]], None],
+    stop: Callable[[], bool],
+) -> None:
+    """Keep ``jobs`` items in flight (not the whole listing queued), until done or ``stop()``.
+
+    Finished items are handed to ``finished`` in this thread. After ``stop()`` nothing new
+    starts and the items in flight are waited for, so none is left running.
+    """
+    inflight: dict[Future[str], tuple[str, dict[str, Any]]] = {}
+
+    def refill() -> None:
+        while len(inflight) < jobs and not stop():
+            item = next(items, None)
+            if item is None:
+                return
+            inflight[pool.submit(work, item[0])] = item
+
+    refill()
+    while inflight:
+        done, _ = wait(inflight, return_when=FIRST_COMPLETED)
+        for future in done:
+            path, info = inflight.pop(future)
+            finished(future, path, info)
+        refill()

@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import click
@@ -30,8 +31,8 @@ from rich.table import Table
 
 from fastload.cache.config import CacheConfig
 from fastload.cache.disk import DiskTier
-from fastload.cache.warm import parse_shard, warm
-from fastload.errors import ConfigError
+from fastload.cache.warm import MAX_FAILURES, WarmReport, parse_shard, warm
+from fastload.errors import ConfigError, OriginUnavailableError
 
 
 def _storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -74,12 +75,16 @@ def cache() -> None:
 @click.option("--redis", default=None, metavar="URL",
               help="Also fill this shared Redis tier (redis://host:6379/0); N warmers with "
                    "--shard I/N fill it together.")
+@click.option("--max-failures", default=MAX_FAILURES, show_default=True, type=click.IntRange(1),
+              help="Give up after this many objects in a row failed (the store looks down); "
+                   "run the same command again to resume.")
 @click.option("-o", "--storage-option", "options", multiple=True, metavar="KEY=VALUE",
               help="An fsspec storage option (JSON values allowed), e.g. -o endpoint_url=http://...")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def warm_command(url: str, directory: str, jobs: int, shard: str, disk_size: str | None,
-                 policy: str, redis: str | None, options: tuple[str, ...], as_json: bool) -> None:
-    """Fetch every object below URL into the cache; resumable, exits 1 listing failures."""
+                 policy: str, redis: str | None, max_failures: int, options: tuple[str, ...],
+                 as_json: bool) -> None:
+    """Fetch every object below URL into the cache; resumable, exits 1 if any failed."""
     try:
         shard_of = parse_shard(shard)
     except ConfigError as exc:
@@ -87,41 +92,109 @@ def warm_command(url: str, directory: str, jobs: int, shard: str, disk_size: str
     config = CacheConfig(disk=directory, disk_size=disk_size, policy=policy, redis=redis,
                          prefetch=False)
     console = Console(stderr=True)
-    progress = Progress(
-        TextColumn("[bold]warming"),
-        BarColumn(),
-        TextColumn("{task.fields[done]}/{task.fields[count]} files"),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=not console.is_terminal,
-    )
-    task = progress.add_task("warm", total=None, done=0, count="?")
-
-    def on_start(files: int, nbytes: int) -> None:
-        progress.update(task, total=nbytes, count=files)
-
-    def on_file(_url: str, nbytes: int, _outcome: str) -> None:
-        progress.update(task, advance=nbytes, done=progress.tasks[task].fields["done"] + 1)
-
-    with progress:
-        report = warm(url, config, jobs=jobs, shard=shard_of,
-                      storage_options=_storage_options(options), on_start=on_start, on_file=on_file)
+    progress = _RichProgress(console) if console.is_terminal else _PlainProgress()
+    try:
+        with progress:
+            report = warm(url, config, jobs=jobs, shard=shard_of, max_failures=max_failures,
+                          storage_options=_storage_options(options), on_start=progress.start,
+                          on_file=progress.file)
+    except OriginUnavailableError as exc:
+        if as_json and isinstance(exc.report, WarmReport):
+            click.echo(json.dumps(_warm_json(exc.report, gave_up=str(exc)), indent=2))
+        click.echo(f"fastload: error: {exc}", err=True)
+        raise click.exceptions.Exit(1) from exc
     if as_json:
-        click.echo(json.dumps({**report.__dict__, "ok": report.ok}, indent=2))
+        click.echo(json.dumps(_warm_json(report), indent=2))
     else:
         click.echo(
             f"{report.url}: {report.files} files ({_human(report.bytes)}): {report.fetched} fetched, "
             f"{report.skipped} already cached, {report.rejected} not stored (cache full), "
             f"{len(report.failed)} failed"
         )
-        for failed_url, error in report.failed:
+        for failed_url, error in report.failed[:_FAILED_SHOWN]:
             click.echo(f"FAILED {failed_url}: {error}")
+        if len(report.failed) > _FAILED_SHOWN:
+            more = len(report.failed) - _FAILED_SHOWN
+            click.echo(f"... and {more} more failed (--json lists all)")
         if report.failed:
             click.echo("run the same command again to fetch what failed; cached files are skipped")
     if not report.ok:
         raise click.exceptions.Exit(1)
+
+
+_FAILED_SHOWN = 5  # failures named in the summary; --json has them all
+
+
+def _warm_json(report: WarmReport, gave_up: str | None = None) -> dict[str, Any]:
+    return {**report.__dict__, "ok": report.ok and gave_up is None, "gave_up": gave_up}
+
+
+class _RichProgress:
+    """The warm's progress bar on a terminal (files, bytes, rate, ETA)."""
+
+    def __init__(self, console: Console) -> None:
+        self._progress = Progress(
+            TextColumn("[bold]warming"),
+            BarColumn(),
+            TextColumn("{task.fields[done]}/{task.fields[count]} files"),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+        )
+        self._task = self._progress.add_task("warm", total=None, done=0, count="?")
+
+    def __enter__(self) -> _RichProgress:
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.__exit__(*exc)
+
+    def start(self, files: int, nbytes: int) -> None:
+        self._progress.update(self._task, total=nbytes, count=files)
+
+    def file(self, _url: str, nbytes: int, _outcome: str) -> None:
+        done = self._progress.tasks[self._task].fields["done"] + 1
+        self._progress.update(self._task, advance=nbytes, done=done)
+
+
+class _PlainProgress:
+    """The warm's progress as a plain stderr line every few seconds, for logs (no terminal).
+
+    Example line: ``warm: 1200/5000 files, 45.1 MB, 230 files/s, ETA 16 s``.
+    """
+
+    def __init__(self, every: float = 5.0) -> None:
+        self.every = every
+        self.files = self.done = self.nbytes = 0
+        self._t0 = self._last = time.monotonic()
+
+    def __enter__(self) -> _PlainProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.done:
+            self._line()
+
+    def start(self, files: int, _nbytes: int) -> None:
+        self.files, self._t0 = files, time.monotonic()
+        self._last = self._t0
+        click.echo(f"warm: {files} files to check", err=True)
+
+    def file(self, _url: str, nbytes: int, _outcome: str) -> None:
+        self.done += 1
+        self.nbytes += nbytes
+        if time.monotonic() - self._last >= self.every:
+            self._line()
+
+    def _line(self) -> None:
+        self._last = now = time.monotonic()
+        rate = self.done / max(now - self._t0, 1e-9)
+        left = self.files - self.done
+        eta = f", ETA {left / rate:.0f} s" if rate and left > 0 else ""
+        click.echo(f"warm: {self.done}/{self.files} files, {_human(self.nbytes)}, "
+                   f"{rate:.0f} files/s{eta}", err=True)
 
 
 @cache.command("stats")
