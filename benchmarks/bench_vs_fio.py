@@ -12,7 +12,7 @@ back to back; the ratio printed is the median of those paired ratios, so a disk 
 between repeats slows both sides of a pair alike. Target: fastload >= 0.9 x fio.
 
 Part 2, the verdict with and without a cache: `fastload bench` on a moto S3 server on
-loopback with 15 ms injected per request (`latency::s3://...`, fastload.latency), once
+loopback with 15 ms injected per request (`latency::s3://...`, fastload.testing.latency), once
 without and once with --cache; prints both verdicts.
 
     python benchmarks/bench_vs_fio.py                       # 8 x 128 MiB files, 5 repeats
@@ -36,7 +36,7 @@ from pathlib import Path
 from fastload.bench import run_bench, throughput
 from fastload.bench.inventory import take_inventory
 from fastload.storage import Storage
-from fastload.synthetic import make_jpeg_folder
+from fastload.testing.synthetic import make_jpeg_folder
 
 DATA = Path(__file__).resolve().parent.parent / ".fastload-data"
 

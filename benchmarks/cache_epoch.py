@@ -1,7 +1,7 @@
 """One epoch over emulated-remote S3: no cache (stock torch DataLoader) vs cold vs warm cache.
 
 The synthetic ImageNet-like JPEG set (500x375, quality 90; made once under .fastload-data)
-is uploaded to moto's S3 server on 127.0.0.1, read through ``latency::`` (fastload.latency)
+is uploaded to moto's S3 server on 127.0.0.1, read through ``latency::`` (fastload.testing.latency)
 which adds --latency-ms to every request, as from a remote object store. Per repeat:
 
 * stock:  ``torch.utils.data.DataLoader`` over ``ImageFolder(url)`` without a cache
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fastload import DataLoader, ImageFolder  # noqa: E402
-from fastload.synthetic import make_jpeg_folder  # noqa: E402
+from fastload.testing.synthetic import make_jpeg_folder  # noqa: E402
 from tests.fixtures.s3 import DUMMY_ENV, S3Server, upload_folder  # noqa: E402
 
 

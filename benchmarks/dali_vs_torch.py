@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 import fastload
-from fastload.synthetic import make_jpeg_folder
+from fastload.testing.synthetic import make_jpeg_folder
 from loader_throughput import epoch_rate  # benchmarks/ is on sys.path when run as a script
 
 DATA = Path(__file__).resolve().parent.parent / ".fastload-data"

@@ -30,7 +30,7 @@ import torch.utils.data
 
 import fastload
 from fastload.settings import usable_cpu_cores
-from fastload.synthetic import make_jpeg_folder
+from fastload.testing.synthetic import make_jpeg_folder
 
 DATA = Path(__file__).resolve().parent.parent / ".fastload-data"
 

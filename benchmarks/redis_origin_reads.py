@@ -75,7 +75,7 @@ def main() -> None:
     import s3fs
     from moto.server import ThreadedMotoServer
 
-    from fastload.synthetic import make_jpeg_folder
+    from fastload.testing.synthetic import make_jpeg_folder
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto logs every request
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):

@@ -10,7 +10,7 @@ import logging
 import tempfile
 
 from fastload import DataLoader, ImageFolder
-from fastload.synthetic import make_jpeg_folder
+from fastload.testing.synthetic import make_jpeg_folder
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)

@@ -21,7 +21,7 @@ from torch import nn
 
 import fastload
 from fastload.meter import measure
-from fastload.synthetic import make_jpeg_folder
+from fastload.testing.synthetic import make_jpeg_folder
 
 
 def small_cnn(classes: int) -> nn.Module:

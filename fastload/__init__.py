@@ -24,10 +24,10 @@ from fastload.errors import (
     StorageError,
     UnreadableSampleError,
 )
-from fastload.images import ImageFolder
+from fastload.data.images import ImageFolder
 from fastload.loader import DataLoader
 from fastload.meter import StarvationMeter, measure
-from fastload.pipeline import (
+from fastload.data.pipeline import (
     CenterCrop,
     HorizontalFlip,
     ImagePipeline,
@@ -35,7 +35,7 @@ from fastload.pipeline import (
     RandomResizedCrop,
     Resize,
 )
-from fastload.sampling import EpochSampler
+from fastload.data.sampling import EpochSampler
 from fastload.settings import AUTO, LoaderSettings, Machine, Setting
 
 __version__ = "0.1.0"

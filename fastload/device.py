@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from fastload.errors import ConfigError
-from fastload.pipeline import Normalize
+from fastload.data.pipeline import Normalize
 
 
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], obj: Any) -> Any:

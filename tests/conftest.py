@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fastload.synthetic import make_jpeg_folder
+from fastload.testing.synthetic import make_jpeg_folder
 
 # Each module here starts a real server or builds real data; add yours to this list.
 pytest_plugins: list[str] = ["tests.fixtures.redis", "tests.fixtures.s3"]

@@ -64,7 +64,7 @@ def test_shards_split_the_dataset(s3_server, s3_jpegs, tmp_path):
 
 def test_a_second_warm_completes_what_an_origin_outage_interrupted(s3_server, tmp_path):
     from fastload.cache.warm import warm
-    from fastload.synthetic import make_jpeg_folder
+    from fastload.testing.synthetic import make_jpeg_folder
 
     server = S3Server().start()  # its own server: this test stops it
     opts = server.storage_options(config_kwargs={"retries": {"max_attempts": 1}})

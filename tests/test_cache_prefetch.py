@@ -8,7 +8,7 @@ import pytest
 
 from fastload import DataLoader, ImageFolder
 from fastload.cache import open_cache
-from fastload.cache.prefetch import Prefetcher
+from fastload.cache.prefetcher import Prefetcher
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_prefetch_can_be_turned_off(remote, tmp_path):
 
 
 def test_after_a_resume_the_prefetcher_looks_ahead_from_the_next_unseen_sample(jpeg_root, tmp_path):
-    from fastload.cache import prefetch
+    from fastload.loader import prefetch
 
     def loader():
         ds = ImageFolder(jpeg_root, size=16, seed=3, cache={"disk": tmp_path / "c"})

@@ -15,7 +15,7 @@ import torch
 from fastload import DataLoader, ImageFolder
 from fastload.cache.keys import local_version, make_key, version_size
 from fastload.errors import ObjectNotFoundError
-from fastload.synthetic import make_jpeg_folder
+from fastload.testing.synthetic import make_jpeg_folder
 from tests.fixtures.s3 import upload_folder
 
 

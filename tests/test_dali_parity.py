@@ -25,9 +25,9 @@ import torch
 pytest.importorskip("nvidia.dali", reason="nvidia-dali is not installed (pip install 'fastload[dali]')")
 
 from fastload import CorruptSampleError, DataLoader, ImageFolder, ObjectNotFoundError  # noqa: E402
-from fastload.pipeline import ImagePipeline  # noqa: E402
-from fastload.sampling import EpochSampler  # noqa: E402
-from fastload.synthetic import make_jpeg_folder  # noqa: E402
+from fastload.data.pipeline import ImagePipeline  # noqa: E402
+from fastload.data.sampling import EpochSampler  # noqa: E402
+from fastload.testing.synthetic import make_jpeg_folder  # noqa: E402
 
 NO_DRAFT_MEAN_BOUND = 0.5  # intensity levels (0-255)
 DRAFT_MEAN_BOUND = 3.0

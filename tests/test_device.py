@@ -9,7 +9,7 @@ import torch
 
 import fastload
 from fastload.device import DeviceFeeder, map_tensors, resolve_device
-from fastload.pipeline import Normalize
+from fastload.data.pipeline import Normalize
 
 Pair = namedtuple("Pair", "a b")
 

@@ -17,7 +17,7 @@ import torch
 
 from fastload import ConfigError, DataLoader
 from fastload.distributed import rank_info
-from fastload.sampling import EpochSampler, mix_seed
+from fastload.data.sampling import EpochSampler, mix_seed
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "epochs.py"
 N, BATCH = 40, 4

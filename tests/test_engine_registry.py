@@ -12,7 +12,7 @@ from torch.utils.data import TensorDataset
 
 from fastload import BackendUnavailable, ConfigError, DataLoader, ImageFolder
 from fastload.engines import ENGINES, choose_backend, engine_class
-from fastload.pipeline import ImagePipeline, Resize
+from fastload.data.pipeline import ImagePipeline, Resize
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from fastload import DataLoader, ImageFolder
 from fastload.cache.warm import warm
 from fastload.errors import StorageError
 from fastload.storage import Storage
-from fastload.synthetic import make_jpeg_folder
+from fastload.testing.synthetic import make_jpeg_folder
 from tests.fixtures.privileges import run_unprivileged, unprivileged  # noqa: F401 (fixture)
 
 _BUILD = """

@@ -14,7 +14,7 @@ import torch
 
 import fastload
 from fastload import DataLoader, ImageFolder
-from fastload.synthetic import make_jpeg_folder
+from fastload.testing.synthetic import make_jpeg_folder
 from tests.fixtures.privileges import run_unprivileged, unprivileged  # noqa: F401 (fixture)
 
 BAD = 3  # the index of the broken sample in every case

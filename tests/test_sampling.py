@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from fastload.sampling import EpochSampler, SampleIndex, mix_seed
+from fastload.data.sampling import EpochSampler, SampleIndex, mix_seed
 
 
 def test_every_epoch_is_a_permutation_and_epochs_differ():

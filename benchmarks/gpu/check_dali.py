@@ -90,7 +90,7 @@ def main() -> int:
         print(f"check_dali: skipped (nvidia-dali does not import: {exc}; pip install 'fastload[dali]')")
         return 0
     import fastload
-    from fastload.synthetic import make_jpeg_folder
+    from fastload.testing.synthetic import make_jpeg_folder
 
     root = make_jpeg_folder(DATA / f"jpeg-{IMAGES}", images=IMAGES, classes=10)
     dataset = fastload.ImageFolder(root, size=SIZE, seed=0)

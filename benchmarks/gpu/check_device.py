@@ -25,7 +25,7 @@ import time
 import torch
 
 from fastload.device import DeviceFeeder
-from fastload.pipeline import Normalize
+from fastload.data.pipeline import Normalize
 
 
 def step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -26,8 +26,8 @@ from PIL import Image
 from fastload.bench.inventory import FileEntry
 from fastload.bench.stats import per_second
 from fastload.errors import CorruptSampleError
-from fastload.images import IMAGE_EXTENSIONS
-from fastload.pipeline import ImagePipeline
+from fastload.data.images import IMAGE_EXTENSIONS
+from fastload.data.pipeline import ImagePipeline
 from fastload.storage import Storage
 
 logger = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ from fastload.bench.rawfiles import RawFiles
 from fastload.bench.report import BenchReport, Measurements
 from fastload.bench.workloads import Workload, workload
 from fastload.errors import CacheError, ConfigError, EmptyDatasetError
-from fastload.images import ImageFolder
+from fastload.data.images import ImageFolder
 from fastload.loader import DataLoader
 from fastload.settings import AUTO, usable_cpu_cores
 from fastload.storage import Storage

@@ -9,7 +9,8 @@ store's latency one object at a time. With worker processes it fills only the ti
 share (disk, Redis); with ``num_workers=0`` the memory tier too.
 
 :class:`fastload.DataLoader` starts one per epoch for an ``ImageFolder`` with a cache (see
-:func:`follow_loader`); it stops when the epoch ends or its iterator is dropped.
+:mod:`fastload.loader.prefetch`, which knows the epoch's order); it stops when the epoch ends
+or its iterator is dropped. The cache knows nothing of loaders: it gets paths in order.
 
 Example::
 
@@ -23,21 +24,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import fsspec
 
 from fastload.cache.tiered import TieredCache
-from fastload.sampling import EpochSampler
-
-if TYPE_CHECKING:
-    from fastload.loader import DataLoader
 
 logger = logging.getLogger(__name__)
-
-_running: weakref.WeakKeyDictionary[Any, Prefetcher] = weakref.WeakKeyDictionary()
 
 
 class Prefetcher:
@@ -154,44 +148,3 @@ class Prefetcher:
                 self.advance(per_item)
         finally:
             self.stop()
-
-
-def follow_loader(loader: DataLoader, source: Iterator[Any], *, start_batch: int = 0) -> Iterator[Any]:
-    """``source`` with a prefetcher for this epoch when ``loader`` reads a cached ImageFolder.
-
-    Otherwise (no cache, prefetch off, a sampler other than fastload's, no shared tier for
-    worker processes) ``source`` is returned unchanged.
-    """
-    previous = _running.pop(loader, None)
-    if previous is not None:
-        previous.stop()
-    dataset = loader.dataset
-    storage = getattr(dataset, "storage", None)
-    cache = getattr(storage, "cache", None)
-    sampler = loader.sampler
-    batch = loader.batch_size
-    if (
-        not isinstance(cache, TieredCache)
-        or not cache.config.prefetch
-        or not isinstance(sampler, EpochSampler)
-        or not batch
-    ):
-        return source
-    shared_only = loader.num_workers > 0
-    if shared_only and not any(t.shared for t in cache.tiers):
-        logger.debug("no cache tier is shared with the workers; prefetch is off")
-        return source
-    order = sampler.indices()  # this rank's, after any resumed span (NOTE [resumed epochs])
-    in_flight = max(1, loader.num_workers) * (loader.prefetch_factor or 2) + 2
-    prefetcher = Prefetcher(
-        cache,
-        storage.fs,
-        [dataset.samples[i][0] for i in order],
-        versions=storage.versions,
-        ahead=cache.config.prefetch_ahead or max(64, in_flight * batch),
-        jobs=cache.config.prefetch_jobs,
-        shared_only=shared_only,
-        start=start_batch * batch,
-    ).start()
-    _running[loader] = prefetcher
-    return prefetcher.follow(source, batch)

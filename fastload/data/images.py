@@ -1,6 +1,6 @@
 """``ImageFolder``: a declared image dataset over any fsspec URL.
 
-The dataset is *declared*: its files, labels and :class:`~fastload.pipeline.ImagePipeline`
+The dataset is *declared*: its files, labels and :class:`~fastload.data.pipeline.ImagePipeline`
 are data, so fastload can run it on torch workers (Pillow) or compile it to DALI, and can
 use worker processes for it safely (see NOTE [auto never changes the batches]).
 
@@ -33,7 +33,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset, get_worker_info
 
-from fastload import batchinfo
+from fastload.data import batchinfo
 from fastload.arguments import (
     check_bool,
     check_choice,
@@ -53,8 +53,8 @@ from fastload.errors import (
     UnreadableSampleError,
 )
 from fastload.io.errors import describe
-from fastload.pipeline import ImagePipeline, Normalize
-from fastload.sampling import mix_seed
+from fastload.data.pipeline import ImagePipeline, Normalize
+from fastload.data.sampling import mix_seed
 from fastload.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -360,7 +360,7 @@ class ImageFolder(Dataset):
         """A batch's samples; under ``on_error="skip"`` failed ones are left out and recorded.
 
         Under ``on_error="raise"`` the first failure raises a SampleError; inside a worker
-        process it comes back as a :class:`~fastload.batchinfo.FailedBatch` that raises it
+        process it comes back as a :class:`~fastload.data.batchinfo.FailedBatch` that raises it
         when looked at (NOTE [sample errors cross the process boundary]).
         """
         if self.on_error == "raise":

@@ -61,7 +61,7 @@ class EpochSampler(Sampler[int]):
 
     NOTE [resumed epochs]
     One epoch can be narrowed to a *span* of its permutation, ``perm[start:stop]`` (what is
-    left after a checkpoint, see :mod:`fastload.resume`), and this rank can skip the first
+    left after a checkpoint, see :mod:`fastload.loader.resume`), and this rank can skip the first
     ``skip`` indices of its shard. Padding always repeats the head of the full permutation,
     so a span that starts at a multiple of ``num_replicas`` shards exactly like the positions
     it replaces: a same-size restart sees the same remaining order, and an elastic restart

@@ -9,7 +9,7 @@ An engine
 
 * says whether it can run a loader, and why not (:meth:`Engine.blocker`), before it is built;
 * yields one epoch's batches from :meth:`Engine.epoch`: plain batches, or
-  :class:`fastload.batchinfo.Envelope` objects that carry the batch with the time spent
+  :class:`fastload.data.batchinfo.Envelope` objects that carry the batch with the time spent
   fetching, decoding and collating it and the samples skipped under ``on_error="skip"``;
   a failed sample raises an error that names its file and index;
 * keeps what a resume needs beyond the batch plan in :meth:`Engine.state_dict` (most

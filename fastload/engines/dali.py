@@ -59,12 +59,12 @@ from nvidia.dali.pipeline import Pipeline
 from nvidia.dali.plugin.pytorch import feed_ndarray
 from PIL import Image
 
-from fastload import batchinfo
+from fastload.data import batchinfo
 from fastload.engines.base import Engine, EngineContext
 from fastload.engines.registry import gpu_decoding
 from fastload.errors import BackendError, ObjectNotFoundError, SampleError
-from fastload.images import _DECODE_ERRORS, ImageFolder
-from fastload.pipeline import Plan
+from fastload.data.images import _DECODE_ERRORS, ImageFolder
+from fastload.data.pipeline import Plan
 
 logger = logging.getLogger(__name__)
 

@@ -59,8 +59,8 @@ class EngineSpec:
 
 def _dali_blocker(request: EngineRequest) -> str | None:
     """Why the DALI engine cannot give what torch would for this loader, or None if it can."""
-    from fastload.images import ImageFolder
-    from fastload.pipeline import STEP_TYPES
+    from fastload.data.images import ImageFolder
+    from fastload.data.pipeline import STEP_TYPES
 
     dataset = request.dataset
     if type(dataset) is not ImageFolder:

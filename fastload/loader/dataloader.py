@@ -33,14 +33,16 @@ import torch.utils.data
 from torch.utils.data import Dataset, IterableDataset, Sampler
 from torch.utils.data.dataloader import default_collate, default_convert
 
-from fastload import batchinfo, distributed, resume
+from fastload import distributed
+from fastload.data import batchinfo
+from fastload.loader import resume
 from fastload.engines import Backend, Choice, Engine, EngineContext, choose_backend, engine_class
-from fastload.cache import prefetch
+from fastload.loader import prefetch
 from fastload.device import DeviceFeeder, resolve_device
 from fastload.errors import ConfigError
-from fastload.images import ImageFolder
+from fastload.data.images import ImageFolder
 from fastload.meter import StarvationMeter
-from fastload.sampling import EpochSampler
+from fastload.data.sampling import EpochSampler
 from fastload.settings import AUTO, LoaderSettings, resolve_settings
 
 logger = logging.getLogger(__name__)
@@ -222,7 +224,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         """Where this loader is: the epoch in progress and the batches already handed out.
 
         Save it with the model; :meth:`load_state_dict` on a new loader continues at the next
-        unseen batch, in the same order, with the same augmentations (:mod:`fastload.resume`).
+        unseen batch, in the same order, with the same augmentations (:mod:`fastload.loader.resume`).
 
         Example::
 
@@ -234,7 +236,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         """Continue from a :meth:`state_dict`; the next ``iter(loader)`` resumes mid-epoch.
 
         Under torch.distributed every rank calls it; a different world size re-splits what is
-        left of the epoch over the new ranks (see :func:`fastload.resume.load_state_dict`).
+        left of the epoch over the new ranks (see :func:`fastload.loader.resume.load_state_dict`).
 
         Example::
 

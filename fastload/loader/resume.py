@@ -11,7 +11,7 @@ unseen batch, in the same order, with the same augmentations::
     >>> for batch in loader: ...               # the rest of the interrupted epoch, then on
 
 NOTE [two ways to resume]
-*Sharded*: when the loader owns its sampler (an :class:`~fastload.sampling.EpochSampler`,
+*Sharded*: when the loader owns its sampler (an :class:`~fastload.data.sampling.EpochSampler`,
 chosen for declared datasets and under torch.distributed), the order is a pure function of
 (seed, epoch), so the state is (seed, epoch, indices consumed per rank) and the new loader
 starts at the next index without reading anything twice. Augmentations of declared datasets
@@ -51,7 +51,7 @@ import torch
 
 from fastload import distributed
 from fastload.errors import ConfigError
-from fastload.sampling import EpochSampler
+from fastload.data.sampling import EpochSampler
 
 if TYPE_CHECKING:
     from fastload.loader import DataLoader
@@ -200,7 +200,7 @@ def load_state_dict(loader: DataLoader, state: dict[str, Any]) -> None:
     if state[K_MODE] != mode:
         raise ConfigError(
             f"the state was saved by a loader resuming by {state[K_MODE]!r} but this loader "
-            f"resumes by {mode!r} (NOTE [two ways to resume] in fastload.resume): build it the "
+            f"resumes by {mode!r} (NOTE [two ways to resume] in fastload.loader.resume): build it the "
             "same way (same dataset type, sampler, distributed or not)"
         )
     epoch, batches = int(state[K_EPOCH]), int(state[K_BATCHES])

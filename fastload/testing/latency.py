@@ -115,4 +115,4 @@ class LatencyFileSystem(ChainedFileSystem):
         return self.fs.unstrip_protocol(self._target_path(name))
 
 
-fsspec.register_implementation("latency", "fastload.latency.LatencyFileSystem", clobber=True)
+fsspec.register_implementation("latency", "fastload.testing.latency.LatencyFileSystem", clobber=True)

@@ -1,0 +1,72 @@
+"""The loader's side of clairvoyant prefetch: which objects an epoch will read, in order.
+
+The epoch's order is a pure function of the sampler's seed and epoch (NOTE [per-sample
+seeds] in :mod:`fastload.data.sampling`), so the loader knows every object the epoch will
+read before it reads one. :func:`follow_loader` turns that order into the objects' paths
+and versions and hands them to a :class:`fastload.cache.prefetcher.Prefetcher`, which fills
+the cache ahead of the workers. The cache itself knows nothing of loaders or samplers.
+
+Example::
+
+    >>> source = follow_loader(loader, source, start_batch=0)   # inside LoaderIterator
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from fastload.cache.prefetcher import Prefetcher
+from fastload.cache.tiered import TieredCache
+from fastload.data.sampling import EpochSampler
+
+if TYPE_CHECKING:
+    from fastload.loader.dataloader import DataLoader
+
+logger = logging.getLogger(__name__)
+
+# One prefetcher per loader: a new epoch (or a new iterator) stops the previous one.
+_running: weakref.WeakKeyDictionary[Any, Prefetcher] = weakref.WeakKeyDictionary()
+
+
+def follow_loader(loader: DataLoader, source: Iterator[Any], *, start_batch: int = 0) -> Iterator[Any]:
+    """``source`` with a prefetcher for this epoch when ``loader`` reads a cached ImageFolder.
+
+    Otherwise (no cache, prefetch off, a sampler other than fastload's, no shared tier for
+    worker processes) ``source`` is returned unchanged.
+    """
+    previous = _running.pop(loader, None)
+    if previous is not None:
+        previous.stop()
+    dataset = loader.dataset
+    storage = getattr(dataset, "storage", None)
+    cache = getattr(storage, "cache", None)
+    sampler = loader.sampler
+    batch = loader.batch_size
+    if (
+        not isinstance(cache, TieredCache)
+        or not cache.config.prefetch
+        or not isinstance(sampler, EpochSampler)
+        or not batch
+    ):
+        return source
+    shared_only = loader.num_workers > 0
+    if shared_only and not any(t.shared for t in cache.tiers):
+        logger.debug("no cache tier is shared with the workers; prefetch is off")
+        return source
+    order = sampler.indices()  # this rank's, after any resumed span (NOTE [resumed epochs])
+    in_flight = max(1, loader.num_workers) * (loader.prefetch_factor or 2) + 2
+    prefetcher = Prefetcher(
+        cache,
+        storage.fs,
+        [dataset.samples[i][0] for i in order],
+        versions=storage.versions,
+        ahead=cache.config.prefetch_ahead or max(64, in_flight * batch),
+        jobs=cache.config.prefetch_jobs,
+        shared_only=shared_only,
+        start=start_batch * batch,
+    ).start()
+    _running[loader] = prefetcher
+    return prefetcher.follow(source, batch)
