@@ -5,7 +5,7 @@ throughput against concurrency with per-object latency and random range reads, t
 augment rate per core, and an MLPerf-Storage-style emulation of N accelerators fed by a real
 fastload loader; then says in one sentence how many accelerators the data keeps at the AU bar
 and what limits it. See docs/bench.md. The command line prints the report
-(:mod:`fastload.commands.render`); this package itself writes nothing to the console.
+(:mod:`fastload.cli.render`); this package itself writes nothing to the console.
 
 Example::
 

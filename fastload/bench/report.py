@@ -10,7 +10,7 @@ Example::
     'this storage feeds 3 H100s training resnet50 at >= 90% AU (measured 93%); ...'
     >>> json.dumps(report.to_json())          # keys carry units: read_bytes_per_s, ...
 
-The command line prints it as tables (:mod:`fastload.commands.render`).
+The command line prints it as tables (:mod:`fastload.cli.render`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``fastload bench URL``: can this storage feed my GPUs?
 
 A thin layer over :func:`fastload.bench.run_bench`: progress on stderr, the report (rich
-tables and a one-sentence verdict, :mod:`fastload.commands.render`, or one JSON document
+tables and a one-sentence verdict, :mod:`fastload.cli.render`, or one JSON document
 with ``--json``) on stdout.
 
 Example::
@@ -22,7 +22,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fastload.bench import run_bench
 from fastload.bench.workloads import ACCELERATORS, MODELS
-from fastload.commands.render import render
+from fastload.cli.render import render
 
 
 @click.command("bench")

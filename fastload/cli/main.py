@@ -12,8 +12,8 @@ import sys
 import click
 
 import fastload
-from fastload.commands.bench import bench as bench_command
-from fastload.commands.cache import cache as cache_command
+from fastload.cli.bench import bench as bench_command
+from fastload.cli.cache import cache as cache_command
 from fastload.errors import OriginUnavailableError
 
 
