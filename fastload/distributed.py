@@ -30,7 +30,7 @@ from typing import Any
 import torch.distributed as dist
 
 from fastload.errors import ConfigError
-from fastload.settings import local_world_size
+from fastload.machine import local_world_size
 
 logger = logging.getLogger(__name__)
 

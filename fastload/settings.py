@@ -1,5 +1,7 @@
 """Loader settings resolved from the machine: workers, pinned memory, prefetch, persistence.
 
+The machine itself (cores, GPUs, ranks per node) is probed by :mod:`fastload.machine`.
+
 A user who leaves ``num_workers``, ``pin_memory``, ``prefetch_factor`` or
 ``persistent_workers`` unset on :class:`fastload.DataLoader` gets the value chosen here, with
 the reason::
@@ -42,6 +44,8 @@ import torch
 from torch.utils.data import ChainDataset, ConcatDataset, Dataset, IterableDataset, Subset
 
 from fastload.errors import ConfigError
+# Re-exported: `fastload.settings.Machine` (and the two probes) keep working.
+from fastload.machine import Machine, local_world_size, usable_cpu_cores  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -58,69 +62,6 @@ MAX_WORKERS_WITHOUT_GPU = 16
 
 T = TypeVar("T")
 Source = Literal["argument", "environment", "auto"]
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What the settings are resolved from: cores this process may use, GPUs, ranks per node.
-
-    ``Machine.probe()`` reads the running machine; tests and capacity planning build one by
-    hand: ``Machine(cpu_cores=64, gpus=8, local_world_size=8)``.
-    """
-
-    cpu_cores: int
-    gpus: int
-    local_world_size: int = 1
-
-    @classmethod
-    def probe(cls) -> Machine:
-        return cls(
-            cpu_cores=usable_cpu_cores(),
-            gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
-            local_world_size=local_world_size(),
-        )
-
-    @property
-    def cores_per_rank(self) -> int:
-        return max(1, self.cpu_cores // max(1, self.local_world_size))
-
-
-def usable_cpu_cores() -> int:
-    """CPU cores this process may run on: its affinity mask, capped by a cgroup CPU quota."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        cores = os.cpu_count() or 1
-    quota = _cgroup_cpu_quota()
-    if quota is not None:
-        cores = min(cores, max(1, math.floor(quota)))
-    return max(1, cores)
-
-
-def _cgroup_cpu_quota() -> float | None:
-    """The container's CPU limit in cores (cgroup v2 ``cpu.max`` or v1 cfs quota), if any."""
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass  # no cgroup v2 limit file: try cgroup v1 below
-    try:
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
-            quota_us = int(f.read())
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
-            period_us = int(f.read())
-        return None if quota_us <= 0 else quota_us / period_us
-    except (OSError, ValueError):
-        return None
-
-
-def local_world_size() -> int:
-    """Ranks sharing this node: torchrun's LOCAL_WORLD_SIZE, else 1."""
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
 
 
 @dataclass(frozen=True)

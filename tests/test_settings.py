@@ -9,7 +9,8 @@ import torch
 from torch.utils.data import ConcatDataset, Dataset, IterableDataset, Subset, TensorDataset
 
 import fastload
-from fastload.settings import Machine, resolve_settings, usable_cpu_cores, worker_safety
+from fastload.machine import Machine, usable_cpu_cores
+from fastload.settings import resolve_settings, worker_safety
 
 
 class Plain(Dataset):
@@ -140,3 +141,9 @@ def test_probe_reads_this_machine():
     m = Machine.probe()
     assert m.cpu_cores == usable_cpu_cores() >= 1
     assert m.gpus == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def test_machine_keeps_its_old_import_paths():
+    import fastload.settings
+
+    assert fastload.Machine is fastload.settings.Machine is Machine

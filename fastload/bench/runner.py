@@ -39,7 +39,8 @@ from fastload.bench.workloads import Workload, workload
 from fastload.errors import CacheError, ConfigError, EmptyDatasetError
 from fastload.data.images import ImageFolder
 from fastload.loader import DataLoader
-from fastload.settings import AUTO, usable_cpu_cores
+from fastload.machine import usable_cpu_cores
+from fastload.settings import AUTO
 from fastload.storage import Storage
 
 logger = logging.getLogger(__name__)

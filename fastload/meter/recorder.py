@@ -49,7 +49,7 @@ from fastload.meter.periodic import report_window
 from fastload.meter.report import Summary
 
 if TYPE_CHECKING:
-    from fastload.settings import Machine
+    from fastload.machine import Machine
 
 logger = logging.getLogger(__name__)
 
@@ -271,7 +271,7 @@ class StarvationMeter:
         if self._probe is not None:
             self._probe.flush()
         if self.machine is None:
-            from fastload.settings import Machine  # probed only when a summary is asked for
+            from fastload.machine import Machine  # probed only when a summary is asked for
 
             machine = Machine.probe()
         else:
