@@ -130,8 +130,8 @@ def read_whole(fs: Any, path: str, *, deadline: float | None = READ_DEADLINE_S) 
             return fs.cat_file(path, start=0, timeout=left)
         except FSTimeoutError as exc:
             raise TimeoutError(
-                f"no complete answer within {deadline:g} s ({attempt} attempt(s), timeouts and "
-                f"retries included); the store is down or stalled"
+                f"no complete answer within {deadline:g} s (the client's timeouts and retries "
+                f"included); the store is down or stalled"
             ) from exc
         except Exception as exc:
             if attempt == attempts or not is_unavailable(exc):
