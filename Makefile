@@ -37,7 +37,10 @@ system-deps:
 demo: setup
 	$(PY) benchmarks/loader_throughput.py
 
+# lint-imports checks the layer contracts of pyproject.toml and exits 1 on a break, which
+# stops the target before pytest runs.
 test: setup-test
+	$(VENV)/bin/lint-imports --no-logo --no-cache
 	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 clean:

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import collections.abc
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fastload.errors import ConfigError
-from fastload.data.pipeline import Normalize
+
+if TYPE_CHECKING:  # only a type here: fastload.data itself uses map_tensors below
+    from fastload.data.pipeline import Normalize
 
 
 def map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], obj: Any) -> Any:
