@@ -21,10 +21,7 @@ Example::
 
 from __future__ import annotations
 
-import collections
-import itertools
 import logging
-import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypeVar
 
@@ -35,14 +32,15 @@ from torch.utils.data.dataloader import default_collate, default_convert
 
 from fastload import distributed
 from fastload.data import batchinfo
-from fastload.loader import resume
-from fastload.engines import Backend, Choice, Engine, EngineContext, choose_backend, engine_class
-from fastload.loader import prefetch
-from fastload.device import DeviceFeeder, resolve_device
-from fastload.errors import ConfigError
 from fastload.data.images import ImageFolder
-from fastload.meter import StarvationMeter
 from fastload.data.sampling import EpochSampler
+from fastload.device import DeviceFeeder, resolve_device
+from fastload.engines import Backend, Choice, Engine, EngineContext, choose_backend, engine_class
+from fastload.errors import ConfigError
+from fastload.loader import resume
+from fastload.loader.iterator import LoaderIterator
+from fastload.loader.state import LoaderState
+from fastload.meter import StarvationMeter
 from fastload.settings import AUTO, LoaderSettings, resolve_settings
 
 logger = logging.getLogger(__name__)
@@ -78,6 +76,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             ``print(loader.meter.summary())`` says whether the loop waited for data and why.
         backend: the engine that runs the epochs, "torch" or "dali".
         backend_reason: why that engine was chosen ("torch: no CUDA GPU, ...").
+        engine: the :class:`~fastload.engines.Engine` itself; ``loader.engine.close()``
+            stops its workers and threads.
+        state: where the loader is (:class:`~fastload.loader.state.LoaderState`).
 
     Example::
 
@@ -118,39 +119,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             collate_fn=collate_fn, worker_init_fn=worker_init_fn,
         )
         settings = resolve_settings(
-            dataset,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-            prefetch_factor=prefetch_factor,
-            persistent_workers=persistent_workers,
-            device=target,
+            dataset, num_workers=num_workers, pin_memory=pin_memory,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, device=target,
         )
         declared = isinstance(dataset, ImageFolder)
-        ranks = distributed.rank_info()
-        owns_sampler = sampler is None and batch_sampler is None and (
-            declared or (ranks.distributed and not isinstance(dataset, IterableDataset))
-        )
-        if owns_sampler:
-            # The sampler owns the epoch order, the rank's shard (NOTE [one seed for all ranks])
-            # and the per-sample seeds of declared datasets (NOTE [per-sample seeds]).
-            sampler = EpochSampler(
-                dataset, shuffle=bool(shuffle),
-                seed=distributed.agree_seed(_base_seed(dataset, generator), ranks),
-                num_replicas=ranks.world_size, rank=ranks.rank, drop_last=drop_last,
-                tag_seeds=declared,
-            )
-            shuffle = None
-        feeder = None
-        if declared:
-            collate_fn = batchinfo.CollateWithInfo(
-                collate_fn or (default_collate if (batch_size or batch_sampler) else default_convert)
-            )
-            if target is not None:
-                dataset, norm = dataset.without_normalize()
-                feeder = DeviceFeeder(target, norm, channel_dim=dataset.pipeline.channel_dim)
-        elif target is not None:
-            feeder = DeviceFeeder(target)
-
+        own_sampler = _epoch_sampler(dataset, sampler, batch_sampler, shuffle, generator, drop_last)
+        if own_sampler is not None:
+            sampler, shuffle = own_sampler, None
+        dataset, collate_fn, feeder = _stages(dataset, collate_fn, batched=bool(batch_size or batch_sampler),
+                                              device=target)
         super().__init__(
             dataset,
             batch_size=batch_size,
@@ -172,17 +149,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         )
         self.settings: LoaderSettings = settings
         self.device = target
-        self.epoch = 0
         self.skipped: list[batchinfo.Skipped] = []
-        self._feeder = feeder
+        self.state = LoaderState(owns_sampler=own_sampler is not None)
         self._declared = declared
-        self._owns_sampler = owns_sampler  # only its own sampler gets set_epoch and resume
-        self._progress: resume.Progress | None = None
-        self._replay: resume.ReplayPlan | None = None
-        self._loaded_state: dict[str, Any] | None = None
-        self._iterations = 0  # iterators this object has started (torch reuses persistent ones)
-        self._first_rng: torch.Tensor | None = None  # NOTE [persistent workers]
-        self.meter: StarvationMeter | None = _attach_meter(meter, self, settings, target)
+        self._feeder = feeder
+        self.meter: StarvationMeter | None = _attach_meter(meter, self, settings, target, feeder)
         self.backend: str = choice.name
         self.backend_reason: str = choice.reason
         self._engine = _build_engine(choice, self, settings, target)
@@ -193,32 +164,51 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         on it stops its workers and threads."""
         return self._engine
 
+    @property
+    def epoch(self) -> int:
+        """How many times iteration has started (the current epoch is ``epoch - 1``)."""
+        return self.state.epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self.state.epoch = int(value)
+
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        if self.epoch > 0:
-            _revalidate(self)
-        if self._owns_sampler:
-            self.sampler.set_epoch(self.epoch)
-        progress = resume.start_epoch(self, self.epoch)
-        self.epoch += 1
-        plan, self._replay, self._loaded_state = self._replay, None, None
-        if self._first_rng is None:
-            self._first_rng = progress.rng_state
+        state = self.state
+        if state.epoch > 0:
+            self._revalidate()
+        if state.owns_sampler:
+            self.sampler.set_epoch(state.epoch)
+        progress = resume.start_epoch(self, state)
+        state.epoch += 1
+        plan, state.replay, state.loaded = state.replay, None, None
+        if state.first_rng is None:
+            state.first_rng = progress.rng_state
         first: list[Any] = []
         if plan is None:
-            inner = self._epoch_batches()
+            inner = self._engine.epoch()
         else:  # NOTE [two ways to resume]: replay
-            inner, first = resume.begin(self, self._epoch_batches, plan)
+            inner, first = resume.begin(self, state, self._engine.epoch, plan)
             progress.batches = plan.batches
             if plan.rng_state is not None:
                 progress.rng_state = plan.rng_state
             progress.reused = plan.warm is not None
-        self._iterations += 1
-        self._progress = progress
-        return LoaderIterator(self, inner, progress, first)
+        state.iterations += 1
+        state.progress = progress
+        return LoaderIterator(self, inner, progress, first, declared=self._declared, feeder=self._feeder)
 
-    def _epoch_batches(self) -> Iterator[Any]:
-        """This epoch's batches from the chosen engine (:mod:`fastload.engines`)."""
-        return self._engine.epoch()
+    def _revalidate(self) -> None:
+        """Before a later epoch: re-read a cached dataset's versions (NOTE [consistency]).
+
+        One listing per epoch (``ImageFolder.revalidate``). When files changed, persistent
+        workers hold copies of the dataset with the old versions, so the engine restarts them:
+        this epoch starts fresh workers from the dataset as it is now (logged at INFO).
+        """
+        revalidate = getattr(self.dataset, "revalidate", None)
+        if revalidate is None or getattr(self.dataset, "cache", None) is None:  # ImageFolder.cache
+            return
+        if revalidate():
+            self._engine.restart()
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is: the epoch in progress and the batches already handed out.
@@ -230,7 +220,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
             >>> torch.save({"model": model.state_dict(), "data": loader.state_dict()}, path)
         """
-        return resume.state_dict(self)
+        return resume.state_dict(self, self.state)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict`; the next ``iter(loader)`` resumes mid-epoch.
@@ -242,22 +232,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
             >>> loader.load_state_dict(torch.load(path)["data"])
         """
-        resume.load_state_dict(self, state_dict)
-
-
-def _revalidate(loader: DataLoader) -> None:
-    """Before a later epoch: re-read a cached dataset's versions (NOTE [consistency]).
-
-    One listing per epoch (``ImageFolder.revalidate``). When files changed, persistent
-    workers hold copies of the dataset with the old versions, so the engine restarts them:
-    this epoch starts fresh workers from the dataset as it is now (logged at INFO).
-    """
-    dataset = loader.dataset
-    revalidate = getattr(dataset, "revalidate", None)
-    if revalidate is None or getattr(getattr(dataset, "storage", None), "cache", None) is None:
-        return
-    if revalidate() and loader._engine is not None:
-        loader._engine.restart()
+        self.state = resume.load_state_dict(self, self.state, state_dict)
 
 
 # NOTE [consistency]
@@ -267,6 +242,55 @@ def _revalidate(loader: DataLoader) -> None:
 # with one listing that refreshes the versions in the main process (workers get them with the
 # dataset, or are restarted when they persist); a changed file then gets a new key and its
 # new bytes. The full model, and what is guaranteed mid-epoch: docs/reliability.md.
+
+
+def _epoch_sampler(
+    dataset: Dataset,
+    sampler: Sampler | Iterable | None,
+    batch_sampler: Sampler[list] | Iterable[list] | None,
+    shuffle: bool | None,
+    generator: torch.Generator | None,
+    drop_last: bool,
+) -> EpochSampler | None:
+    """fastload's own sampler, where the loader owns the order; None keeps torch's.
+
+    It owns the epoch order, the rank's shard (NOTE [one seed for all ranks]) and the
+    per-sample seeds of declared datasets (NOTE [per-sample seeds]): for a declared dataset,
+    and under torch.distributed for any map-style dataset, when the user passed no sampler.
+    """
+    declared = isinstance(dataset, ImageFolder)
+    ranks = distributed.rank_info()
+    if sampler is not None or batch_sampler is not None:
+        return None
+    if not (declared or (ranks.distributed and not isinstance(dataset, IterableDataset))):
+        return None
+    return EpochSampler(
+        dataset, shuffle=bool(shuffle),
+        seed=distributed.agree_seed(_base_seed(dataset, generator), ranks),
+        num_replicas=ranks.world_size, rank=ranks.rank, drop_last=drop_last,
+        tag_seeds=declared,
+    )
+
+
+def _stages(
+    dataset: Dataset,
+    collate_fn: Callable[[list[Any]], Any] | None,
+    *,
+    batched: bool,
+    device: torch.device | None,
+) -> tuple[Dataset, Callable[[list[Any]], Any] | None, DeviceFeeder | None]:
+    """The dataset, collate function and device feeder the loader runs with.
+
+    A declared dataset's collate carries worker timings and skips in an envelope, and with a
+    device its Normalize moves from the workers onto the device, batched.
+    """
+    if not isinstance(dataset, ImageFolder):
+        return dataset, collate_fn, DeviceFeeder(device) if device is not None else None
+    collate = batchinfo.CollateWithInfo(collate_fn or (default_collate if batched else default_convert))
+    if device is None:
+        return dataset, collate, None
+    dataset, norm = dataset.without_normalize()
+    return dataset, collate, DeviceFeeder(device, norm, channel_dim=dataset.pipeline.channel_dim)
 
 
 def _build_engine(
@@ -286,6 +310,7 @@ def _attach_meter(
     loader: DataLoader,
     settings: LoaderSettings,
     device: torch.device | None,
+    feeder: DeviceFeeder | None,
 ) -> StarvationMeter | None:
     """The loader's meter, told what the diagnosis needs: workers, machine, device."""
     if meter is False:
@@ -305,7 +330,7 @@ def _attach_meter(
         meter.on_device = True
         if meter.gpu is None:
             meter.gpu = True
-    meter.copy_split = loader._feeder is not None
+    meter.copy_split = feeder is not None
     return meter
 
 
@@ -321,110 +346,3 @@ def _base_seed(dataset: Dataset, generator: torch.Generator | None) -> int:
     return generator.initial_seed() if generator is not None else torch.initial_seed()
 
 
-class LoaderIterator(Iterator[Any]):
-    """The iterator of a fastload loader: unwraps worker envelopes, feeds the device, meters.
-
-    Attributes it does not define are read from torch's iterator underneath, so code that
-    inspects ``_workers`` or calls ``_shutdown_workers()`` keeps working. For a plain
-    dataset without ``device=`` it calls torch's iterator directly (no generator between),
-    so errors and ``StopIteration`` behave exactly as torch's.
-    """
-
-    def __init__(
-        self,
-        loader: DataLoader,
-        inner: Iterator[Any],
-        progress: resume.Progress | None = None,
-        first: list[Any] | None = None,
-    ) -> None:
-        self._loader = loader
-        self._inner = inner
-        self._meter = loader.meter
-        # NOTE [two ways to resume]: batches count when the user gets them; _unwrap records how
-        # many of torch's items each one stands for (an all-skipped batch is never handed out).
-        self._progress = progress or resume.Progress(loader.epoch - 1)
-        self._counts: collections.deque[int] = collections.deque()
-        loader.skipped = []
-        source: Iterator[Any] = itertools.chain(first, inner) if first else inner
-        if loader._declared or loader._feeder is not None:
-            source = _unwrap(source, loader, self._meter, self._counts)
-        if loader._declared:  # a cached ImageFolder: fetch the epoch's next items ahead
-            source = prefetch.follow_loader(loader, source, start_batch=self._progress.batches)
-        if loader._feeder is not None:
-            source = loader._feeder(source)
-        self._source = source
-        self._next = (
-            self._meter.track(source).__next__ if self._meter is not None else source.__next__
-        )
-
-    def __iter__(self) -> LoaderIterator:
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            batch = self._next()
-        except StopIteration:
-            self._progress.done = True
-            raise
-        self._progress.batches += self._counts.popleft() if self._counts else 1
-        return batch
-
-    def __len__(self) -> int:
-        return len(self._inner)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-def _unwrap(
-    inner: Iterator[Any],
-    loader: DataLoader,
-    meter: StarvationMeter | None,
-    counts: collections.deque[int],
-) -> Iterator[Any]:
-    """Open worker envelopes: record their timings and skips, yield the bare batches.
-
-    A module-level generator, not a method: it must not hold its LoaderIterator, or an
-    abandoned iterator would live until the cycle collector runs and keep workers alive.
-    """
-    # With a feeder the meter splits the copy out of the wait: it needs the time spent
-    # upstream of it (NOTE in fastload.meter.core on the copy column).
-    upstream = meter if meter is not None and meter.copy_split else None
-    perf = time.perf_counter
-    pending = 0
-    while True:
-        began = perf()
-        try:
-            item = next(inner)
-        except StopIteration:
-            break
-        finally:
-            if upstream is not None:
-                upstream.note_upstream(perf() - began)
-        pending += 1
-        if isinstance(item, batchinfo.Envelope):
-            if meter is not None:
-                info = item.info
-                meter.note_work(info.fetch_s, info.decode_s, info.collate_s)
-            if item.info.skipped:
-                loader.skipped.extend(item.info.skipped)
-            if item.info.error is not None:  # NOTE [sample errors cross the process boundary]
-                raise item.info.error.exception()
-            if item.batch is None:  # every sample of this batch was skipped
-                continue
-            item = item.batch
-        counts.append(pending)
-        pending = 0
-        yield item
-    _report_skipped(loader)
-
-
-def _report_skipped(loader: DataLoader) -> None:
-    skipped = loader.skipped
-    if skipped:
-        shown = "; ".join(f"#{s.index} {s.path}" for s in skipped[:5])
-        more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
-        logger.warning(
-            "epoch %d skipped %d unreadable samples (on_error='skip'): %s%s",
-            loader.epoch - 1, len(skipped), shown, more,
-        )

@@ -44,7 +44,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -52,6 +51,7 @@ import torch
 from fastload import distributed
 from fastload.errors import ConfigError
 from fastload.data.sampling import EpochSampler
+from fastload.loader.state import LoaderState, Progress, ReplayPlan
 
 if TYPE_CHECKING:
     from fastload.loader import DataLoader
@@ -80,45 +80,22 @@ K_WARM = "first_rng_state"  # replay, persistent workers: the state when they we
 SHARDED, REPLAY = "sharded", "replay"
 
 
-@dataclass
-class Progress:
-    """How far one iteration of a loader has come, counted where the user receives batches."""
-
-    epoch: int
-    batches: int = 0
-    done: bool = False
-    rng_state: torch.Tensor | None = None
-    rng_source: str = "global"
-    reused: bool = False  # torch reset its persistent iterator instead of building one
-    skip: int = 0  # the sampler's skip when this epoch started (sharded mode)
-    span: tuple[int, int] = (0, 0)
-    shard_len: int = 0
+def mode_of(state: LoaderState) -> str:
+    """How a loader with this state resumes (NOTE [two ways to resume])."""
+    return SHARDED if state.owns_sampler else REPLAY
 
 
-@dataclass
-class ReplayPlan:
-    """What the next iteration must replay: restore ``rng_state``, drop ``batches`` batches."""
-
-    batches: int
-    rng_state: torch.Tensor | None  # None: the epoch had not started; use the current state
-    rng_source: str
-    warm: torch.Tensor | None = None  # start persistent workers from this state first
-
-
-def mode_of(loader: DataLoader) -> str:
-    return SHARDED if loader._owns_sampler else REPLAY
-
-
-def start_epoch(loader: DataLoader, epoch: int) -> Progress:
-    """Record what a later resume of this epoch needs, before the iterator draws anything."""
+def start_epoch(loader: DataLoader, state: LoaderState) -> Progress:
+    """Record what a later resume of epoch ``state.epoch`` needs, before the iterator draws anything."""
+    epoch = state.epoch
     progress = Progress(epoch)
-    if mode_of(loader) == SHARDED:
+    if mode_of(state) == SHARDED:
         sampler: EpochSampler = loader.sampler  # type: ignore[assignment]
         start, stop, skip = sampler.span(epoch)
         progress.span, progress.skip, progress.shard_len = (start, stop), skip, sampler.shard_len(epoch)
     else:
         progress.rng_state, progress.rng_source = _rng_state(loader)
-        progress.reused = _reuses_iterator(loader)
+        progress.reused = _reuses_iterator(loader, state)
     return progress
 
 
@@ -128,27 +105,27 @@ def _rng_state(loader: DataLoader) -> tuple[torch.Tensor, str]:
     return torch.get_rng_state(), "global"
 
 
-def _reuses_iterator(loader: DataLoader) -> bool:
+def _reuses_iterator(loader: DataLoader, state: LoaderState) -> bool:
     """Whether torch will reset its persistent iterator (no new worker seed is drawn)."""
-    return bool(loader.persistent_workers and loader.num_workers > 0 and loader._iterations)
+    return bool(loader.persistent_workers and loader.num_workers > 0 and state.iterations)
 
 
-def state_dict(loader: DataLoader) -> dict[str, Any]:
+def state_dict(loader: DataLoader, state: LoaderState) -> dict[str, Any]:
     """The loader's position; see :meth:`fastload.DataLoader.state_dict`."""
-    if loader._loaded_state is not None:  # loaded but not iterated yet: still that state
-        return dict(loader._loaded_state)
+    if state.loaded is not None:  # loaded but not iterated yet: still that state
+        return dict(state.loaded)
     if not loader.in_order and loader.num_workers > 0:
         raise ConfigError(
             "DataLoader(in_order=False) hands batches over out of order, so there is no exact "
             "'next batch' to resume from; pass in_order=True to use state_dict()"
         )
-    progress = loader._progress
+    progress = state.progress
     if progress is None or progress.done:
-        epoch, batches = loader.epoch, 0
+        epoch, batches = state.epoch, 0
     else:
         epoch, batches = progress.epoch, progress.batches
-    state: dict[str, Any] = {K_FORMAT: FORMAT, K_MODE: mode_of(loader), K_EPOCH: epoch, K_BATCHES: batches}
-    if state[K_MODE] == SHARDED:
+    saved: dict[str, Any] = {K_FORMAT: FORMAT, K_MODE: mode_of(state), K_EPOCH: epoch, K_BATCHES: batches}
+    if saved[K_MODE] == SHARDED:
         sampler: EpochSampler = loader.sampler  # type: ignore[assignment]
         if batches:
             assert progress is not None
@@ -156,7 +133,7 @@ def state_dict(loader: DataLoader) -> dict[str, Any]:
         else:
             start, stop, skip = sampler.span(epoch)
             span, consumed = (start, stop), skip
-        state.update({
+        saved.update({
             K_SEED: sampler.seed, K_SHUFFLE: sampler.shuffle, K_DROP_LAST: sampler.drop_last,
             K_SIZE: sampler.size, K_WORLD: sampler.num_replicas, K_RANK: sampler.rank,
             K_SPAN: list(span), K_CONSUMED: consumed,
@@ -164,13 +141,13 @@ def state_dict(loader: DataLoader) -> dict[str, Any]:
     else:
         in_epoch = progress is not None and not progress.done and progress.rng_state is not None
         if in_epoch:
-            state[K_RNG] = progress.rng_state.clone()  # type: ignore[union-attr]
+            saved[K_RNG] = progress.rng_state.clone()  # type: ignore[union-attr]
         # NOTE [persistent workers]: an iterator that torch resets draws one number fewer
         # than a new one; the resumed loader first starts its workers from the same state.
-        if (progress.reused if in_epoch else _reuses_iterator(loader)):  # type: ignore[union-attr]
-            state[K_WARM] = loader._first_rng.clone()
-        state[K_RNG_SOURCE] = _rng_state(loader)[1]
-    return state
+        if (progress.reused if in_epoch else _reuses_iterator(loader, state)):  # type: ignore[union-attr]
+            saved[K_WARM] = state.first_rng.clone()  # type: ignore[union-attr]
+        saved[K_RNG_SOURCE] = _rng_state(loader)[1]
+    return saved
 
 
 def _indices_in(loader: DataLoader, progress: Progress) -> int:
@@ -180,8 +157,8 @@ def _indices_in(loader: DataLoader, progress: Progress) -> int:
     return min(progress.batches * per_batch, left)
 
 
-def load_state_dict(loader: DataLoader, state: dict[str, Any]) -> None:
-    """Make the loader's next iteration continue from ``state``.
+def load_state_dict(loader: DataLoader, state: LoaderState, saved: dict[str, Any]) -> LoaderState:
+    """The loader's state, updated so its next iteration continues from ``saved``.
 
     Under torch.distributed every rank must call it (it checks that the ranks agree). A state
     saved with another world size is re-split: the samples of the epoch that no rank had
@@ -190,28 +167,29 @@ def load_state_dict(loader: DataLoader, state: dict[str, Any]) -> None:
     the same batch, as DDP training does; when the new ranks find otherwise, it raises
     ConfigError.
     """
-    if not isinstance(state, dict) or state.get(K_FORMAT) != FORMAT:
-        got = state.get(K_FORMAT) if isinstance(state, dict) else type(state).__name__
+    if not isinstance(saved, dict) or saved.get(K_FORMAT) != FORMAT:
+        got = saved.get(K_FORMAT) if isinstance(saved, dict) else type(saved).__name__
         raise ConfigError(
             f"load_state_dict() got {got!r}, not a state from fastload.DataLoader.state_dict() "
             f"({FORMAT!r}); pass the dict that state_dict() returned"
         )
-    mode = mode_of(loader)
-    if state[K_MODE] != mode:
+    mode = mode_of(state)
+    if saved[K_MODE] != mode:
         raise ConfigError(
-            f"the state was saved by a loader resuming by {state[K_MODE]!r} but this loader "
-            f"resumes by {mode!r} (NOTE [two ways to resume] in fastload.loader.resume): build it the "
-            "same way (same dataset type, sampler, distributed or not)"
+            f"the state was saved by a loader resuming by {saved[K_MODE]!r} but this loader "
+            f"resumes by {mode!r} (NOTE [two ways to resume] in fastload.loader.resume): build "
+            "it the same way (same dataset type, sampler, distributed or not)"
         )
-    epoch, batches = int(state[K_EPOCH]), int(state[K_BATCHES])
-    loader._replay = None
+    epoch, batches = int(saved[K_EPOCH]), int(saved[K_BATCHES])
+    state.replay = None
     if mode == SHARDED:
-        _restore_sharded(loader, state, epoch)
-    elif K_RNG in state or K_WARM in state:
-        loader._replay = ReplayPlan(batches, state.get(K_RNG), state[K_RNG_SOURCE], state.get(K_WARM))
-    loader.epoch = epoch
-    loader._progress = None
-    loader._loaded_state = dict(state)
+        _restore_sharded(loader, saved, epoch)
+    elif K_RNG in saved or K_WARM in saved:
+        state.replay = ReplayPlan(batches, saved.get(K_RNG), saved[K_RNG_SOURCE], saved.get(K_WARM))
+    state.epoch = epoch
+    state.progress = None
+    state.loaded = dict(saved)
+    return state
 
 
 def _restore_sharded(loader: DataLoader, state: dict[str, Any], epoch: int) -> None:
@@ -262,7 +240,9 @@ def _check_peers(peers: list[tuple], old_world: int, new_world: int) -> None:
         )
 
 
-def begin(loader: DataLoader, make_inner: Any, plan: ReplayPlan) -> tuple[Iterator[Any], list[Any]]:
+def begin(
+    loader: DataLoader, state: LoaderState, make_inner: Any, plan: ReplayPlan
+) -> tuple[Iterator[Any], list[Any]]:
     """Build the inner iterator like the saved run did, and drop the batches it had consumed.
 
     Returns the iterator and the first unseen item (in a list, empty at the epoch's end),
@@ -271,7 +251,7 @@ def begin(loader: DataLoader, make_inner: Any, plan: ReplayPlan) -> tuple[Iterat
     if plan.warm is not None:  # NOTE [persistent workers]
         with _random_state(loader, plan.warm, plan.rng_source):
             make_inner()
-        loader._first_rng = plan.warm
+        state.first_rng = plan.warm
     if plan.rng_state is None:
         return make_inner(), []
     with _random_state(loader, plan.rng_state, plan.rng_source):

@@ -1,0 +1,144 @@
+"""The iterator of one epoch of a fastload loader, and the stages it chains.
+
+:class:`LoaderIterator` wraps the engine's epoch in the stages the loader needs, in order:
+opening worker envelopes (timings, skips, a worker's sample error), clairvoyant prefetch
+into the cache (:mod:`fastload.loader.prefetch`), the device hand-over
+(:class:`fastload.device.DeviceFeeder`) and the meter. It counts batches where the user
+receives them, which is what a resume continues from (NOTE [two ways to resume]).
+
+Example::
+
+    >>> it = iter(loader)          # a LoaderIterator
+    >>> batch = next(it)
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from fastload.data import batchinfo
+from fastload.device import DeviceFeeder
+from fastload.loader import prefetch
+from fastload.loader.state import Progress
+from fastload.meter import StarvationMeter
+
+if TYPE_CHECKING:
+    from fastload.loader.dataloader import DataLoader
+
+logger = logging.getLogger(__name__)
+
+
+class LoaderIterator(Iterator[Any]):
+    """The iterator of a fastload loader: unwraps worker envelopes, feeds the device, meters.
+
+    Attributes it does not define are read from torch's iterator underneath, so code that
+    inspects ``_workers`` or calls ``_shutdown_workers()`` keeps working. For a plain
+    dataset without ``device=`` it calls torch's iterator directly (no generator between),
+    so errors and ``StopIteration`` behave exactly as torch's.
+    """
+
+    def __init__(
+        self,
+        loader: DataLoader,
+        inner: Iterator[Any],
+        progress: Progress,
+        first: list[Any] | None = None,
+        *,
+        declared: bool = False,
+        feeder: DeviceFeeder | None = None,
+    ) -> None:
+        self._inner = inner
+        self._meter = loader.meter
+        # NOTE [two ways to resume]: batches count when the user gets them; _unwrap records how
+        # many of torch's items each one stands for (an all-skipped batch is never handed out).
+        self._progress = progress
+        self._counts: collections.deque[int] = collections.deque()
+        loader.skipped = []
+        source: Iterator[Any] = itertools.chain(first, inner) if first else inner
+        if declared or feeder is not None:
+            source = _unwrap(source, loader, self._meter, self._counts)
+        if declared:  # a cached ImageFolder: fetch the epoch's next items ahead
+            source = prefetch.follow_loader(loader, source, start_batch=self._progress.batches)
+        if feeder is not None:
+            source = feeder(source)
+        self._source = source
+        self._next = (
+            self._meter.track(source).__next__ if self._meter is not None else source.__next__
+        )
+
+    def __iter__(self) -> LoaderIterator:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = self._next()
+        except StopIteration:
+            self._progress.done = True
+            raise
+        self._progress.batches += self._counts.popleft() if self._counts else 1
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._inner)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _unwrap(
+    inner: Iterator[Any],
+    loader: DataLoader,
+    meter: StarvationMeter | None,
+    counts: collections.deque[int],
+) -> Iterator[Any]:
+    """Open worker envelopes: record their timings and skips, yield the bare batches.
+
+    A module-level generator, not a method: it must not hold its LoaderIterator, or an
+    abandoned iterator would live until the cycle collector runs and keep workers alive.
+    """
+    # With a feeder the meter splits the copy out of the wait: it needs the time spent
+    # upstream of it (the "copy" column in fastload.meter.recorder).
+    upstream = meter if meter is not None and meter.copy_split else None
+    perf = time.perf_counter
+    pending = 0
+    while True:
+        began = perf()
+        try:
+            item = next(inner)
+        except StopIteration:
+            break
+        finally:
+            if upstream is not None:
+                upstream.note_upstream(perf() - began)
+        pending += 1
+        if isinstance(item, batchinfo.Envelope):
+            if meter is not None:
+                info = item.info
+                meter.note_work(info.fetch_s, info.decode_s, info.collate_s)
+            if item.info.skipped:
+                loader.skipped.extend(item.info.skipped)
+            if item.info.error is not None:  # NOTE [sample errors cross the process boundary]
+                raise item.info.error.exception()
+            if item.batch is None:  # every sample of this batch was skipped
+                continue
+            item = item.batch
+        counts.append(pending)
+        pending = 0
+        yield item
+    _report_skipped(loader)
+
+
+def _report_skipped(loader: DataLoader) -> None:
+    skipped = loader.skipped
+    if skipped:
+        shown = "; ".join(f"#{s.index} {s.path}" for s in skipped[:5])
+        more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        logger.warning(
+            "epoch %d skipped %d unreadable samples (on_error='skip'): %s%s",
+            loader.epoch - 1, len(skipped), shown, more,
+        )
