@@ -6,7 +6,6 @@ multi-rank runs under torchrun are in test_distributed.py.
 
 from __future__ import annotations
 
-import pickle
 
 import pytest
 import torch

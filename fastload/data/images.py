@@ -64,7 +64,7 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 OnError = Literal["raise", "skip"]
 
 # Pillow's own decode errors; anything else (a bug, MemoryError) propagates unchanged.
-_DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
 def _check_root(root: Any) -> None:
@@ -294,7 +294,7 @@ class ImageFolder(Dataset):
         fetched = time.perf_counter()
         try:
             image = self.pipeline.run(data, self.sample_seed(index))
-        except _DECODE_ERRORS as exc:
+        except DECODE_ERRORS as exc:
             raise self.corrupt(index, exc) from exc
         batchinfo.record(fetched - start, time.perf_counter() - fetched, 1)
         return image, label

@@ -43,13 +43,8 @@ from __future__ import annotations
 
 import io
 import logging
-import math
-import random
 import time
-from collections import deque
 from collections.abc import Iterable, Iterator
-from multiprocessing.pool import AsyncResult, ThreadPool
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -60,19 +55,13 @@ from nvidia.dali.plugin.pytorch import feed_ndarray
 from PIL import Image
 
 from fastload.data import batchinfo
+from fastload.data.images import DECODE_ERRORS, ImageFolder
 from fastload.engines.base import Engine, EngineContext
+from fastload.engines.dali_feed import Feed, Reader
 from fastload.engines.registry import gpu_decoding
-from fastload.errors import BackendError, ObjectNotFoundError, SampleError
-from fastload.data.images import _DECODE_ERRORS, ImageFolder
-from fastload.data.pipeline import Plan
+from fastload.errors import BackendError
 
 logger = logging.getLogger(__name__)
-
-READ_THREADS = 8
-"""Threads fetching bytes and headers; reads release the GIL, so this covers remote latency.
-
-They are ``multiprocessing.pool.ThreadPool`` threads: daemon threads, so an epoch the user
-abandons never keeps the process alive while it waits to be garbage-collected."""
 
 PIPELINE_DEPTH = 2
 """Batches DALI works on ahead of the one being consumed (its ``prefetch_queue_depth``)."""
@@ -80,154 +69,7 @@ PIPELINE_DEPTH = 2
 _TORCH_DTYPES = {types.UINT8: torch.uint8, types.FLOAT: torch.float32}
 
 
-@dataclass
-class _Sample:
-    """One sample read and planned, waiting for DALI: its bytes stay until its batch is out."""
-
-    index: int
-    label: int
-    data: np.ndarray  # encoded bytes, uint8
-    plan: Plan
-    width: int
-    height: int
-    fetch_s: float
-
-
-@dataclass
-class _Slot:
-    """One batch of the sampler, in order: fed to DALI, or all skipped, or failed."""
-
-    samples: list[_Sample]
-    info: batchinfo.BatchInfo = field(default_factory=batchinfo.BatchInfo)
-    error: BaseException | None = None
-
-    @property
-    def fed(self) -> bool:
-        return self.error is None and bool(self.samples)
-
-
-def _prepare(dataset: ImageFolder, index: int) -> _Sample:
-    """Fetch one sample's bytes and plan its geometry (runs in a read thread)."""
-    start = time.perf_counter()
-    data = dataset.read_bytes(index)
-    fetched = time.perf_counter()
-    try:
-        with Image.open(io.BytesIO(data)) as img:  # parses the header only
-            width, height = img.size
-    except _DECODE_ERRORS as exc:
-        raise dataset.corrupt(index, exc) from exc
-    plan = dataset.pipeline.plan(width, height, random.Random(dataset.sample_seed(index)))
-    label = dataset.samples[index][1]
-    return _Sample(int(index), label, np.frombuffer(data, np.uint8), plan, width, height, fetched - start)
-
-
-class _Reader:
-    """Reads and plans the sampler's batches a few batches ahead, on a thread pool."""
-
-    def __init__(self, dataset: ImageFolder, batches: Iterable[list[int]], ahead: int) -> None:
-        self._dataset = dataset
-        self._batches = iter(batches)
-        self._ahead = ahead
-        self._pool = ThreadPool(READ_THREADS)
-        self._queue: deque[list[tuple[int, AsyncResult[_Sample]]]] = deque()
-        self._exhausted = False
-
-    def _fill(self) -> None:
-        while not self._exhausted and len(self._queue) < self._ahead:
-            try:
-                batch = next(self._batches)
-            except StopIteration:
-                self._exhausted = True
-                return
-            self._queue.append(
-                [(i, self._pool.apply_async(_prepare, (self._dataset, i))) for i in batch]
-            )
-
-    def next_slot(self) -> _Slot | None:
-        """The next batch, read; None at the end of the epoch."""
-        self._fill()
-        if not self._queue:
-            return None
-        pending = self._queue.popleft()
-        self._fill()
-        slot = _Slot([])
-        for index, result in pending:
-            try:
-                slot.samples.append(result.get())
-            except (SampleError, ObjectNotFoundError) as exc:
-                if self._dataset.on_error == "raise":
-                    slot.error = exc
-                    break
-                path = getattr(exc, "path", None) or self._dataset.samples[index][0]
-                slot.info.skipped.append(batchinfo.Skipped(int(index), path, str(exc)))
-                logger.debug("skipped sample %d (%s): %s", int(index), path, exc)
-            except Exception as exc:  # storage down, a bug: raised when the loop reaches it
-                slot.error = exc
-                break
-        slot.info.fetch_s = sum(s.fetch_s for s in slot.samples)
-        return slot
-
-    def close(self) -> None:
-        self._queue.clear()
-        self._pool.terminate()  # drops reads not started; waits for the ones running
-        self._pool.join()
-
-
-class _Feed:
-    """DALI's external source: hands DALI the next non-empty batch and remembers every slot.
-
-    ``pending`` holds, in sampler order, every slot DALI has pulled and the loop has not yet
-    yielded, including the ones that are not fed to DALI (all skipped, or failed); DALI's
-    outputs come back in the order of the fed ones.
-    """
-
-    def __init__(self, reader: _Reader) -> None:
-        self._reader = reader
-        self.pending: deque[_Slot] = deque()
-        self._replay: deque[_Slot] = deque()
-        self.done = False
-
-    def replay(self) -> None:
-        """Hand every pending slot to DALI again (after a pipeline was rebuilt)."""
-        self._replay = deque(self.pending) + self._replay
-        self.pending.clear()
-        self.done = False
-
-    def _next_slot(self) -> _Slot | None:
-        return self._replay.popleft() if self._replay else self._reader.next_slot()
-
-    def __call__(self) -> tuple[list[np.ndarray], ...]:
-        while True:
-            slot = self._next_slot()
-            if slot is None:
-                self.done = True
-                raise StopIteration
-            self.pending.append(slot)
-            if slot.fed:
-                return _columns(slot.samples)
-
-
-def _columns(samples: list[_Sample]) -> tuple[list[np.ndarray], ...]:
-    """The external source's seven per-sample inputs of a batch (see :func:`_graph`)."""
-    data, anchor, shape, roi_start, roi_end, size, flip = [], [], [], [], [], [], []
-    for s in samples:
-        left, top, right, bottom = s.plan.box
-        # A margin of the filter's reach keeps the resampling at the crop's edge like Pillow's,
-        # which reads pixels outside its box too.
-        margin = math.ceil(max(1.0, (right - left) / s.plan.out_w, (bottom - top) / s.plan.out_h)) + 1
-        x0, y0 = max(0, math.floor(left) - margin), max(0, math.floor(top) - margin)
-        x1, y1 = min(s.width, math.ceil(right) + margin), min(s.height, math.ceil(bottom) + margin)
-        data.append(s.data)
-        anchor.append(np.array([x0, y0], np.float32))  # (x, y): axis_names="WH"
-        shape.append(np.array([x1 - x0, y1 - y0], np.float32))
-        roi_start.append(np.array([top - y0, left - x0], np.float32))  # (y, x): shape order
-        roi_end.append(np.array([bottom - y0, right - x0], np.float32))
-        size.append(np.array([s.plan.out_h, s.plan.out_w], np.float32))
-        flip.append(np.array(int(s.plan.flip), np.int32))
-    return data, anchor, shape, roi_start, roi_end, size, flip
-
-
-def _graph(dataset: ImageFolder, feed: _Feed, *, batch_size: int, num_threads: int,
+def graph(dataset: ImageFolder, feed: Feed, *, batch_size: int, num_threads: int,
            device_id: int | None) -> Pipeline:
     """The DALI pipeline of ``dataset.pipeline``: decode the box, resize, flip, layout, dtype."""
     pipe = Pipeline(
@@ -335,8 +177,8 @@ class DaliEngine(Engine):
             self._current.close()
             self._current = None
 
-    def _build(self, feed: _Feed, batch_size: int) -> Pipeline:
-        return _graph(self.dataset, feed, batch_size=batch_size, num_threads=self.num_threads,
+    def _build(self, feed: Feed, batch_size: int) -> Pipeline:
+        return graph(self.dataset, feed, batch_size=batch_size, num_threads=self.num_threads,
                       device_id=self.device_id)
 
     def _to_torch(self, images: Any) -> torch.Tensor:
@@ -373,8 +215,8 @@ class DaliEpoch(Iterator[batchinfo.Envelope]):
         if self._batch_size is None:  # a user batch sampler: its largest batch sizes DALI
             batches = list(batches)
             self._batch_size = max((len(b) for b in batches), default=1)
-        self._reader = _Reader(engine.dataset, batches, ahead=PIPELINE_DEPTH + 1)
-        self._feed = _Feed(self._reader)
+        self._reader = Reader(engine.dataset, batches, ahead=PIPELINE_DEPTH + 1)
+        self._feed = Feed(self._reader)
         self._pipe: Pipeline | None = None
         self._gen = self._run()
 
@@ -479,6 +321,6 @@ def _pillow_decode_error(data: np.ndarray) -> BaseException | None:
     try:
         with Image.open(io.BytesIO(data.tobytes())) as img:
             img.load()
-    except _DECODE_ERRORS as exc:
+    except DECODE_ERRORS as exc:
         return exc
     return None

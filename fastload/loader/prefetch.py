@@ -42,7 +42,7 @@ def follow_loader(loader: DataLoader, source: Iterator[Any], *, start_batch: int
         previous.stop()
     dataset = loader.dataset
     storage = getattr(dataset, "storage", None)
-    cache = getattr(storage, "cache", None)
+    cache = getattr(dataset, "cache", None)  # ImageFolder.cache
     sampler = loader.sampler
     batch = loader.batch_size
     if (

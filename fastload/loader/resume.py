@@ -49,8 +49,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fastload import distributed
-from fastload.errors import ConfigError
 from fastload.data.sampling import EpochSampler
+from fastload.errors import ConfigError
 from fastload.loader.state import LoaderState, Progress, ReplayPlan
 
 if TYPE_CHECKING:
