@@ -35,7 +35,7 @@ from pathlib import Path
 
 from fastload.bench import run_bench, throughput
 from fastload.bench.inventory import take_inventory
-from fastload.storage import Storage
+from fastload.io.storage import Storage
 from fastload.testing.synthetic import make_jpeg_folder
 
 DATA = Path(__file__).resolve().parent.parent / ".fastload-data"

@@ -53,7 +53,7 @@ def rank_job(args: argparse.Namespace) -> None:
         for _batch in loader:
             pass
         times.append(time.perf_counter() - start)
-    reads = ds.storage.cache.origin_reads
+    reads = ds.cache.origin_reads
     Path(args.out, f"rank{rank}.json").write_text(json.dumps({"epochs_s": times, "origin_reads": reads}))
     dist.barrier()
     dist.destroy_process_group()

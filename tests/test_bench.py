@@ -19,7 +19,7 @@ from fastload.bench.rawfiles import RawFiles
 from fastload.bench.workloads import WORKLOADS, workload
 from fastload.cli import main
 from fastload.errors import ConfigError, EmptyDatasetError, ObjectNotFoundError, StorageError
-from fastload.storage import Storage
+from fastload.io.storage import Storage
 
 
 def _image_files(root: Path) -> list[str]:

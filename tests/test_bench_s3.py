@@ -10,7 +10,7 @@ import pytest
 from fastload.bench import run_bench, throughput
 from fastload.bench.inventory import take_inventory
 from fastload.cli import main
-from fastload.storage import Storage
+from fastload.io.storage import Storage
 
 pytest.importorskip("s3fs")
 

@@ -64,7 +64,7 @@ def test_a_loader_prefetches_a_cached_image_folder_ahead_of_its_workers(remote, 
     expected = [y.tolist() for _, y in DataLoader(plain, batch_size=4, shuffle=True, num_workers=0)]
     assert got == expected
     # the main process's prefetcher fetched objects the workers then read from the disk
-    assert ds.storage.cache.origin_reads > 0
+    assert ds.cache.origin_reads > 0
     assert not [t for t in threading.enumerate() if t not in before and t.name.startswith("fastload-prefetch")]
     assert open_cache(tmp_path / "c").tiers[0].rescan()[0] == len(ds)
 
@@ -76,7 +76,7 @@ def test_prefetch_can_be_turned_off(remote, tmp_path):
     it = iter(DataLoader(ds, batch_size=8, num_workers=0))
     next(it)
     assert not [t for t in threading.enumerate() if t.name.startswith("fastload-prefetch")]
-    assert ds.storage.cache.origin_reads == 8  # only what the loop itself read
+    assert ds.cache.origin_reads == 8  # only what the loop itself read
 
 
 def test_after_a_resume_the_prefetcher_looks_ahead_from_the_next_unseen_sample(jpeg_root, tmp_path):

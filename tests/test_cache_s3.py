@@ -11,8 +11,9 @@ import torch
 
 from fastload import DataLoader, ImageFolder
 from fastload.cache import DiskTier, open_cache
+from fastload.cache.filesystem import CachedReads
 from fastload.errors import ObjectNotFoundError
-from fastload.storage import Storage
+from fastload.io.storage import Storage
 
 
 @pytest.fixture
@@ -47,7 +48,8 @@ def test_reads_go_to_the_origin_once_then_come_from_the_tiers(s3, s3_server, obj
 
 @pytest.mark.parametrize("cached", [False, True], ids=["no cache", "cache"])
 def test_an_origin_read_is_one_get_and_no_head(s3, s3_server, s3_options, s3_jpegs, cached, tmp_path):
-    storage = Storage(s3_jpegs, s3_options, cache=open_cache(tmp_path / "c") if cached else None)
+    reads = CachedReads(open_cache(tmp_path / "c")) if cached else None
+    storage = Storage(s3_jpegs, s3_options, read_through=reads)
     path = [p for p in storage.find() if p.endswith(".jpg")][0]
     s3.invalidate_cache()  # no size known from a listing: s3fs would ask with a HEAD
     s3_server.reset_counts()

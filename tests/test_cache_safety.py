@@ -303,7 +303,7 @@ def test_stats_shows_the_budget_the_loader_used(tmp_path, jpeg_root, capsys):
     home = tmp_path / "c"
     ds = ImageFolder(jpeg_root, cache={"disk": str(home), "disk_size": "3MB"})
     ds[0]
-    ds.storage.cache.close()
+    ds.cache.close()
     summary = json.loads(run("stats", home, "--json")[1])
     assert summary["budget"] == 3_000_000 and summary["budget_source"] == "disk_size"
     assert summary["entries"] == 1

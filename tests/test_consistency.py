@@ -13,7 +13,8 @@ import s3fs
 import torch
 
 from fastload import DataLoader, ImageFolder
-from fastload.cache.keys import local_version, make_key, version_size
+from fastload.cache.keys import make_key
+from fastload.io.versions import local_version, version_size
 from fastload.errors import ObjectNotFoundError
 from fastload.testing.synthetic import make_jpeg_folder
 from tests.fixtures.s3 import upload_folder
@@ -105,7 +106,7 @@ def test_a_local_file_rewritten_after_its_listing_is_never_cached_under_the_old_
     with caplog.at_level(logging.WARNING, logger="fastload"):
         assert ds.read_bytes(0) == new
     assert f"{path} changed since it was listed" in caplog.text
-    disk, url = ds.storage.cache.tiers[-1], ds.storage.fs.unstrip_protocol(path)
+    disk, url = ds.cache.tiers[-1], ds.storage.fs.unstrip_protocol(path)
     assert not disk.contains(make_key(url, listed))
     assert disk.contains(make_key(url, local_version(os.stat(path))))
 
@@ -176,4 +177,4 @@ def test_s3_object_of_another_size_than_listed_is_served_but_not_cached(
         assert ds.read_bytes(0) == new
     assert "changed since it was listed" in caplog.text and path in caplog.text
     url = ds.storage.fs.unstrip_protocol(path)
-    assert not ds.storage.cache.tiers[-1].contains(make_key(url, ds.storage.versions[path]))
+    assert not ds.cache.tiers[-1].contains(make_key(url, ds.storage.versions[path]))

@@ -13,7 +13,7 @@ import pytest
 from fastload import DataLoader, ImageFolder
 from fastload.cache.warm import warm
 from fastload.errors import StorageError
-from fastload.storage import Storage
+from fastload.io.storage import Storage
 from fastload.testing.synthetic import make_jpeg_folder
 from tests.fixtures.privileges import run_unprivileged, unprivileged  # noqa: F401 (fixture)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from fastload.origin import read_whole
+from fastload.io.origin import read_whole
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from fastload.bench.stats import per_second
 from fastload.errors import CorruptSampleError
 from fastload.data.images import IMAGE_EXTENSIONS
 from fastload.data.pipeline import ImagePipeline
-from fastload.storage import Storage
+from fastload.io.storage import Storage
 
 logger = logging.getLogger(__name__)
 

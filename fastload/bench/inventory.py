@@ -22,7 +22,7 @@ from typing import Any
 from fastload.bench.stats import percentiles
 from fastload.errors import EmptyDatasetError, ObjectNotFoundError, StorageError
 from fastload.io.errors import storage_error
-from fastload.storage import Storage
+from fastload.io.storage import Storage
 
 logger = logging.getLogger(__name__)
 

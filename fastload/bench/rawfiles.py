@@ -2,7 +2,7 @@
 
 What the accelerator emulation feeds when a URL holds no class-per-folder images (NPZ,
 TFRecord, Parquet, flat folders): each sample is one file's bytes, read through
-:class:`fastload.storage.Storage`, so the loader's cost is the storage's cost.
+:class:`fastload.io.storage.Storage`, so the loader's cost is the storage's cost.
 
 Example::
 
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from torch.utils.data import Dataset
 
-from fastload.storage import Storage
+from fastload.io.storage import Storage
 
 
 class RawFiles(Dataset):

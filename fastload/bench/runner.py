@@ -41,7 +41,7 @@ from fastload.data.images import ImageFolder
 from fastload.loader import DataLoader
 from fastload.machine import usable_cpu_cores
 from fastload.settings import AUTO
-from fastload.storage import Storage
+from fastload.io.storage import Storage
 
 logger = logging.getLogger(__name__)
 
@@ -202,8 +202,9 @@ def _subset(inventory: Inventory, max_bytes: int) -> Inventory:
 def cached_storage(url: str, cache_dir: str, storage_options: dict[str, Any] | None) -> Storage:
     """A Storage of ``url`` whose reads go through fastload's cache in ``cache_dir``."""
     from fastload.cache import open_cache
+    from fastload.cache.filesystem import CachedReads
 
-    storage = Storage(url, storage_options, cache=open_cache(cache_dir))
+    storage = Storage(url, storage_options, read_through=CachedReads(open_cache(cache_dir)))
     storage.find()  # one listing gives every object's version: no HEAD per read for cache keys
     return storage
 

@@ -30,8 +30,8 @@ from fastload.bench.inventory import FileEntry
 from fastload.bench.stats import per_second, percentiles_ms
 from fastload.errors import ConfigError, StorageError
 from fastload.io.errors import storage_errors
-from fastload.origin import read_whole
-from fastload.storage import Storage
+from fastload.io.origin import read_whole
+from fastload.io.storage import Storage
 
 logger = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ def _read_level(
 
 def read_object(fs: Any, entry: FileEntry, buf: bytearray, storage: Storage) -> int:
     """Read one whole object; returns the number of bytes read. Errors name the object's URL."""
-    if storage.cache is not None:  # a cached storage reads whole objects through its tiers
+    if storage.read_through is not None:  # a cached storage reads whole objects through its tiers
         return len(storage.read(entry.path))
     try:
         if entry.size <= len(buf):

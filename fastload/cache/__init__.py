@@ -11,7 +11,8 @@ See docs/cache.md for the tiers, the policies and what is shared between process
 
 import fsspec
 
-from fastload.cache.config import CacheConfig, open_cache, parse_size
+from fastload.cache.build import open_cache
+from fastload.cache.config import CacheConfig, parse_size
 from fastload.cache.disk import DiskTier
 from fastload.cache.memory import MemoryTier
 from fastload.cache.tier import KeyLocking, Tier, TierStats

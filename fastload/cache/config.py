@@ -1,7 +1,9 @@
-"""What a cache spec means: sizes in human units, the tier stack it builds, and its options.
+"""What a cache spec means: sizes in human units, the tiers it asks for, and its options.
 
-``ImageFolder(cache=...)``, the ``fastload::`` protocol and ``fastload cache`` all accept the
-same spec, resolved once by :func:`open_cache`:
+Data and parsing only: :mod:`fastload.cache.build` turns a spec into tiers and a cache, so
+the tiers may import this module without a cycle. ``ImageFolder(cache=...)``, the
+``fastload::`` protocol and ``fastload cache`` all accept the same spec, resolved once by
+:func:`fastload.cache.open_cache`:
 
 * ``None`` or ``False``: no cache.
 * ``True``: a disk tier in ``~/.cache/fastload``.
@@ -25,11 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from fastload.errors import ConfigError, MissingDependencyError
+from fastload.errors import ConfigError
 
 if TYPE_CHECKING:
     from fastload.cache.tier import Tier
-    from fastload.cache.tiered import TieredCache
 
 Policy = Literal["keep", "lru"]
 POLICIES = ("keep", "lru")
@@ -134,53 +135,3 @@ class CacheConfig:
                 f"unknown cache option(s) {unknown}; the options are {sorted(names)}"
             )
         return cls(**spec)
-
-    def build_tiers(self) -> list[Tier]:
-        """The tier stack, fastest first: memory, disk, Redis, then the extra ``tiers``."""
-        from fastload.cache.disk import DiskTier
-        from fastload.cache.memory import MemoryTier
-
-        tiers: list[Tier] = []
-        if self.memory:
-            tiers.append(MemoryTier(self.memory, policy=self.policy))
-        if self.disk:
-            tiers.append(DiskTier(self.disk, size=self.disk_size, policy=self.policy))
-        if self.redis:
-            tiers.append(_redis_tier(self.redis))
-        tiers.extend(self.tiers)
-        return tiers
-
-
-def _redis_tier(url: str) -> Tier:
-    try:
-        from fastload.cache import redis_tier
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"cache redis={url!r} needs the redis package ({exc}); "
-            "install it with: pip install 'fastload[redis]'"
-        ) from exc
-    return redis_tier.RedisTier(url)
-
-
-def open_cache(spec: Any) -> TieredCache | None:
-    """The cache a spec describes (see the module doc), or None for no cache."""
-    from fastload.cache.tiered import TieredCache
-
-    if spec is None or spec is False:
-        return None
-    if isinstance(spec, TieredCache):
-        return spec
-    if spec is True:
-        config = CacheConfig(disk=DEFAULT_DIR)
-    elif isinstance(spec, CacheConfig):
-        config = spec
-    elif isinstance(spec, Mapping):
-        config = CacheConfig.from_mapping(spec)
-    elif isinstance(spec, (str, os.PathLike)):
-        config = CacheConfig(disk=spec)
-    else:
-        raise ConfigError(
-            f"cache={spec!r} is not a cache spec; pass a directory, a dict such as "
-            "{'memory': '2GB', 'disk': '/nvme/cache'}, a CacheConfig, or None"
-        )
-    return TieredCache(config.build_tiers(), config=config)

@@ -9,21 +9,27 @@ storage under its protocol::
     ...     data = f.read()
 
 Each open asks the origin for the object's version (one ``info`` request, so a changed
-object is never served stale) and reads the bytes from the fastest tier that has them.
-Listing (``ls``, ``find``, ``info``) goes to the origin. The protocol is read-only.
+object is never served stale) and reads the bytes from the fastest tier that has them,
+unless the filesystem was given the versions from a listing (:attr:`versions`, as
+``ImageFolder`` does through :class:`CachedReads`). Listing (``ls``, ``find``, ``info``)
+goes to the origin. The protocol is read-only.
 """
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.implementations.memory import MemoryFile
 
-from fastload.cache.config import DEFAULT_DIR, open_cache
+from fastload.cache.build import open_cache
+from fastload.cache.config import DEFAULT_DIR
+from fastload.cache.tiered import TieredCache
 from fastload.errors import ConfigError
-from fastload.storage import target_filesystem
+from fastload.io.storage import target_filesystem
 
 
 class FastloadCacheFileSystem(ChainedFileSystem):
@@ -35,6 +41,12 @@ class FastloadCacheFileSystem(ChainedFileSystem):
         fs: an already built target filesystem, instead of the two above.
         cache: a cache spec (see :func:`fastload.cache.open_cache`); default
             ``~/.cache/fastload``.
+
+    Attributes:
+        versions: None (ask the origin at every read), or the versions of the target's
+            paths from a listing, so a read keys the cache with no request; a path missing
+            from it is asked once and remembered there. Set it through :meth:`over`, which
+            gives the filesystem its own instance (fsspec shares instances built alike).
     """
 
     protocol = "fastload"
@@ -53,12 +65,30 @@ class FastloadCacheFileSystem(ChainedFileSystem):
         self.cache = open_cache(cache)
         if self.cache is None:
             raise ConfigError(f"fastload:: needs a cache, got cache={cache!r}; pass a directory")
+        self.versions: MutableMapping[str, str] | None = None
+
+    @classmethod
+    def over(
+        cls,
+        fs: fsspec.AbstractFileSystem,
+        cache: TieredCache,
+        versions: MutableMapping[str, str],
+    ) -> FastloadCacheFileSystem:
+        """A cached view of ``fs`` keyed by ``versions`` (path -> version), not shared."""
+        view = cls(fs=fs, cache=cache, skip_instance_cache=True)
+        view.versions = versions
+        return view
 
     def _target_path(self, path: str) -> str:
         return self.fs._strip_protocol(self._strip_protocol(path))
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
-        data = self.cache.read(self.fs, self._target_path(path))
+        target = self._target_path(path)
+        version = None if self.versions is None else self.versions.get(target)
+        if version is None and self.versions is not None:
+            # not listed (an explicit file list): ask once per process
+            version = self.versions[target] = self.cache.version(self.fs, target)
+        data = self.cache.read(self.fs, target, version)
         return data if not start and end is None else data[start:end]  # no copy for a whole read
 
     def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> MemoryFile:
@@ -80,3 +110,21 @@ class FastloadCacheFileSystem(ChainedFileSystem):
 
     def unstrip_protocol(self, name: str) -> str:
         return "fastload::" + self.fs.unstrip_protocol(self._target_path(name))
+
+
+@dataclass(frozen=True)
+class CachedReads:
+    """A :data:`fastload.io.storage.ReadThrough`: reads of a Storage go through ``cache``.
+
+    Example::
+
+        >>> storage = Storage("s3://bucket/train", read_through=CachedReads(open_cache("/nvme/c")))
+        >>> storage.reader            # a FastloadCacheFileSystem over the s3 filesystem
+    """
+
+    cache: TieredCache
+
+    def __call__(
+        self, origin: fsspec.AbstractFileSystem, versions: MutableMapping[str, str]
+    ) -> FastloadCacheFileSystem:
+        return FastloadCacheFileSystem.over(origin, self.cache, versions)

@@ -28,19 +28,16 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from fastload.cache.config import CacheConfig
-from fastload.cache.keys import local_version, make_key, version_of, version_size
+from fastload.cache.keys import make_key
 from fastload.cache.tier import KeyLocking, Tier, TierStats
-from fastload.errors import ObjectNotFoundError, StorageError
-from fastload.origin import read_whole
+from fastload.errors import StorageError
+from fastload.io.errors import storage_errors
+from fastload.io.origin import read_whole
+from fastload.io.versions import local_version, version_of, version_size
 
 logger = logging.getLogger(__name__)
 
 Outcome = Literal["hit", "fetched", "rejected"]
-
-# fsspec backends raise their client library's own types for network faults (s3fs lets
-# botocore's EndpointConnectionError through, which is no OSError), so a request to the
-# origin turns any Exception into a StorageError naming the URL, the original as its cause.
-_STORAGE_FAILURES = (Exception,)
 
 
 class TieredCache:
@@ -85,16 +82,11 @@ class TieredCache:
     @staticmethod
     def version(fs: fsspec.AbstractFileSystem, path: str) -> str:
         """The origin's current version of ``path`` (one ``info`` request; ``os.stat`` locally)."""
-        try:
+        # NOTE [storage errors] in fastload.io.errors: any backend failure names the URL.
+        with storage_errors("read the version of", fs.unstrip_protocol(path)):
             if isinstance(fs, LocalFileSystem):
                 return local_version(os.stat(path))
             return version_of(fs.info(path))
-        except FileNotFoundError as exc:
-            raise ObjectNotFoundError(f"{fs.unstrip_protocol(path)} does not exist") from exc
-        except _STORAGE_FAILURES as exc:
-            raise StorageError(
-                f"cannot read the version of {fs.unstrip_protocol(path)}: {exc}"
-            ) from exc
 
     def read(self, fs: fsspec.AbstractFileSystem, path: str, version: str | None = None) -> bytes:
         """The bytes of ``path``, from the fastest tier that has them, else from the origin.
@@ -187,17 +179,11 @@ class TieredCache:
         self, fs: fsspec.AbstractFileSystem, path: str, version: str, targets: list[Tier]
     ) -> tuple[bytes, Outcome]:
         url = fs.unstrip_protocol(path)
-        try:
+        with storage_errors("read", url):  # NOTE [storage errors] in fastload.io.errors
             if isinstance(fs, LocalFileSystem):
                 data, read_version = _read_local(path, url)
             else:
                 data, read_version = read_whole(fs, path), None
-        except StorageError:
-            raise
-        except FileNotFoundError as exc:
-            raise ObjectNotFoundError(f"{url} does not exist") from exc
-        except _STORAGE_FAILURES as exc:
-            raise StorageError(f"cannot read {url}: {exc}") from exc
         with self._mutex:
             self.origin_reads += 1
             self.origin_bytes += len(data)

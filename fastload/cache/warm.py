@@ -26,10 +26,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fastload.cache.config import open_cache
+from fastload.cache.build import open_cache
 from fastload.errors import ConfigError, FastloadError, ObjectNotFoundError, OriginUnavailableError
-from fastload.origin import is_unavailable
-from fastload.storage import Storage
+from fastload.io.origin import is_unavailable
+from fastload.io.storage import Storage
 
 if TYPE_CHECKING:
     from fastload.cache.tiered import TieredCache
@@ -172,7 +172,7 @@ def _warm(
     on_file: Callable[[str, int, str], None] | None,
 ) -> WarmReport:
     index, count = shard
-    storage = Storage(url, storage_options, cache=store)
+    storage = Storage(url, storage_options)
     try:
         listing = storage.find(detail=True)
     except ObjectNotFoundError:
@@ -194,7 +194,8 @@ def _warm(
     last: BaseException | None = None
 
     def one(path: str) -> str:
-        return store.ensure(fs, path, storage.versions.get(path), shared_only=True)
+        # The listing's version: the same key ImageFolder builds, and no request per object.
+        return store.ensure(fs, path, listing[path]["version"], shared_only=True)
 
     def finished(future: Future[str], path: str, info: dict[str, Any]) -> None:
         nonlocal last

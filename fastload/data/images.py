@@ -43,7 +43,8 @@ from fastload.arguments import (
     check_strings,
     config_error,
 )
-from fastload.cache import open_cache
+from fastload.cache import TieredCache, open_cache
+from fastload.cache.filesystem import CachedReads
 from fastload.errors import (
     CorruptSampleError,
     EmptyDatasetError,
@@ -55,7 +56,7 @@ from fastload.errors import (
 from fastload.io.errors import describe
 from fastload.data.pipeline import ImagePipeline, Normalize
 from fastload.data.sampling import mix_seed
-from fastload.storage import Storage
+from fastload.io.storage import Storage
 
 logger = logging.getLogger(__name__)
 
@@ -144,27 +145,33 @@ class ImageFolder(Dataset):
         self.seed = seed
         self.extensions = tuple(e.lower() for e in extensions)
         self._listed_root = isinstance(root, (str, os.PathLike))  # else an explicit file list
+        self._cache = open_cache(cache)
+        # One filesystem for reads: with a cache, the fastload:: one over the origin's, keyed
+        # by the listing's versions (Storage.versions; NOTE [cache keys]).
+        reads = None if self._cache is None else CachedReads(self._cache)
         if isinstance(root, (str, os.PathLike)):
-            self.storage = self._open_storage(os.fspath(root), storage_options, cache)
+            self.storage = Storage(os.fspath(root), storage_options, read_through=reads)
             self.samples, self.classes = self._scan()
         else:
-            self.storage = self._open_storage("/", storage_options, cache)
+            self.storage = Storage("/", storage_options, read_through=reads)
             self.samples = [(str(p), int(label)) for p, label in root]
             if not self.samples:
                 raise EmptyDatasetError("ImageFolder got an empty list of (path, label) samples")
             self.classes = [str(i) for i in range(max(label for _, label in self.samples) + 1)]
-            if self.storage.cache is not None:  # the versions' snapshot (NOTE [consistency])
+            if self._cache is not None:  # the versions' snapshot (NOTE [consistency])
                 self.storage.versions.update(self.storage.current_versions(self._paths()))
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self.targets = [label for _, label in self.samples]
 
-    @staticmethod
-    def _open_storage(url: str, storage_options: dict[str, Any] | None, cache: Any) -> Storage:
-        return Storage(url, storage_options, cache=open_cache(cache))
-
     @property
     def root(self) -> str:
         return self.storage.url
+
+    @property
+    def cache(self) -> TieredCache | None:
+        """The cache reads go through, or None. ``storage.fs`` is the origin's filesystem and
+        ``storage.versions`` the listing's versions, by path (what a prefetcher needs)."""
+        return self._cache
 
     def _scan(self) -> tuple[list[tuple[str, int]], list[str]]:
         found = self.storage.listing(on_error=self.on_error)
@@ -221,7 +228,7 @@ class ImageFolder(Dataset):
             3
         """
         storage = self.storage
-        if storage.cache is None:
+        if self._cache is None:
             return 0
         old = dict(storage.versions)
         paths = self._paths()

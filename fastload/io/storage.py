@@ -5,6 +5,11 @@ fsspec filesystem serves its protocol. The filesystem object is created lazily i
 process (fsspec filesystems with event loops or sockets must not cross a fork), so a
 ``Storage`` pickles cheaply into worker processes.
 
+Reads go through one fsspec filesystem, :attr:`Storage.reader`: the origin's own, or a layer
+over it built by ``read_through`` (the ``fastload::`` cache filesystem, for instance, given
+the listing's versions so that it needs no request per object to key them). Storage knows
+nothing of what that layer does: listing and versions always come from the origin.
+
 Example::
 
     >>> st = Storage("/data/imagenet/train")
@@ -22,22 +27,25 @@ import errno
 import logging
 import os
 import stat
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import fsspec
 from fsspec.registry import known_implementations
 
-from fastload.cache.keys import local_version, version_of
-from fastload.errors import ConfigError, ObjectNotFoundError, StorageError
-from fastload.origin import read_whole, with_timeouts
-
-if TYPE_CHECKING:
-    from fastload.cache.tiered import TieredCache
+from fastload.errors import ConfigError, MissingDependencyError, ObjectNotFoundError, StorageError
+from fastload.io.errors import describe, storage_error
+from fastload.io.origin import read_whole, with_timeouts
+from fastload.io.versions import local_version, version_of
 
 logger = logging.getLogger(__name__)
 
 OnListError = Literal["raise", "skip"]
+
+ReadThrough = Callable[[fsspec.AbstractFileSystem, MutableMapping[str, str]], fsspec.AbstractFileSystem]
+"""Builds the filesystem reads go through from the origin's and the listing's versions
+(path -> version, kept up to date in place by every listing). It must pickle."""
 
 _INSTALL_HINTS = {
     "s3": "pip install 'fastload[s3]' (s3fs)",
@@ -81,29 +89,41 @@ def target_filesystem(
 
 
 class Storage:
-    """Lists and reads objects below ``url`` through fsspec, with errors that name the URL."""
+    """Lists and reads objects below ``url`` through fsspec, with errors that name the URL.
+
+    Args:
+        url: the root, any fsspec URL or a local path.
+        storage_options: passed to fsspec (fastload adds timeouts the user left unset).
+        read_through: builds the filesystem reads go through over the origin's (see
+            :data:`ReadThrough`); None reads the origin. With one, :attr:`versions` keeps the
+            versions of the last listing.
+
+    Attributes:
+        versions: path -> version from the last listing (or :meth:`current_versions`), kept
+            only with ``read_through``; updated in place, never replaced.
+    """
 
     def __init__(
         self,
         url: str | os.PathLike[str],
         storage_options: dict[str, Any] | None = None,
-        cache: TieredCache | None = None,
+        *,
+        read_through: ReadThrough | None = None,
     ):
         self.url = os.fspath(url)
-        # With a cache, reads go through it (fastload.cache); versions from the listing
-        # spare a HEAD per object when cache keys are built (NOTE [cache keys]).
-        self.cache = cache
+        self.read_through = read_through
         self.versions: dict[str, str] = {}
         if "://" not in self.url and "::" not in self.url:
             self.url = os.path.abspath(os.path.expanduser(self.url))
         self.storage_options = dict(storage_options or {})
         self._fs: fsspec.AbstractFileSystem | None = None
+        self._reader: fsspec.AbstractFileSystem | None = None
         self._root: str | None = None
         self._pid = -1
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_fs=None, _root=None, _pid=-1)
+        state.update(_fs=None, _reader=None, _root=None, _pid=-1)
         return state
 
     @property
@@ -115,7 +135,7 @@ class Storage:
             try:
                 fs, root = fsspec.core.url_to_fs(self.url, **with_timeouts(self.url, self.storage_options))
             except ImportError as exc:
-                raise StorageError(
+                raise MissingDependencyError(
                     f"cannot open {self.url}: the {self.protocol}:// protocol is not installed; "
                     f"install it with: {install_hint(self.protocol)}"
                 ) from exc
@@ -124,13 +144,23 @@ class Storage:
                     f"cannot open {self.url}: {exc}. Check the URL's protocol, or install "
                     f"{install_hint(self.protocol)}"
                 ) from exc
-            self._fs, self._root, self._pid = fs, root.rstrip("/") or "/", os.getpid()
+            reader = fs if self.read_through is None else self.read_through(fs, self.versions)
+            self._fs, self._reader, self._root = fs, reader, root.rstrip("/") or "/"
+            self._pid = os.getpid()
         assert self._root is not None
         return self._fs, self._root
 
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
+        """The origin's filesystem: listing, versions, URLs."""
         return self._open()[0]
+
+    @property
+    def reader(self) -> fsspec.AbstractFileSystem:
+        """The filesystem reads go through: the ``read_through`` layer, else :attr:`fs`."""
+        self._open()
+        assert self._reader is not None
+        return self._reader
 
     @property
     def root(self) -> str:
@@ -168,7 +198,7 @@ class Storage:
     def listing(self, *, on_error: OnListError = "raise", warn: bool = True) -> Listing:
         """One listing of the root: its regular files and what it had to leave out.
 
-        With a cache the files' versions are kept in ``self.versions`` (NOTE [cache keys]).
+        With ``read_through`` the files' versions are kept in ``self.versions``.
         Special files (FIFOs, sockets, devices) and dangling or looping symlinks are left out
         with one warning (``warn``) that names them. Example::
 
@@ -185,10 +215,10 @@ class Storage:
             raise
         except FileNotFoundError as exc:
             raise ObjectNotFoundError(f"dataset root {self.url} does not exist") from exc
-        except Exception as exc:  # NOTE [storage errors]
-            raise StorageError(f"cannot list {self.url}: {_describe(exc)}") from exc
-        if self.cache is not None:
-            self.versions = {path: info["version"] for path, info in found.files.items()}
+        except Exception as exc:  # NOTE [storage errors] in fastload.io.errors
+            raise StorageError(f"cannot list {self.url}: {describe(exc)}") from exc
+        if self.read_through is not None:
+            self._keep_versions({path: info["version"] for path, info in found.files.items()})
         if warn and found.skipped:
             shown = ", ".join(f"{p} ({why})" for p, why in list(found.skipped.items())[:10])
             more = f" and {len(found.skipped) - 10} more" if len(found.skipped) > 10 else ""
@@ -197,6 +227,13 @@ class Storage:
                 "point their symlinks at files", len(found.skipped), self.url, shown, more,
             )
         return found
+
+    def _keep_versions(self, fresh: dict[str, str]) -> None:
+        # In place: the read-through layer holds this very mapping. Stale paths go first, so
+        # a reader never sees the mapping empty.
+        for path in self.versions.keys() - fresh.keys():
+            self.versions.pop(path, None)
+        self.versions.update(fresh)
 
     def _find_remote(self, fs: fsspec.AbstractFileSystem, root: str) -> dict[str, dict[str, Any]]:
         # The listing alone, one request per page: it is repeated every epoch (revalidation).
@@ -225,7 +262,7 @@ class Storage:
                     continue
                 except OSError as exc:
                     raise StorageError(
-                        f"cannot stat {path}: {_describe(exc)}; check its permissions"
+                        f"cannot stat {path}: {describe(exc)}; check its permissions"
                     ) from exc
                 if stat.S_ISREG(st.st_mode):
                     out[path] = local_version(st)
@@ -236,8 +273,8 @@ class Storage:
                 entries = fs.ls(parent, detail=True)
             except FileNotFoundError:
                 continue
-            except Exception as exc:  # NOTE [storage errors]
-                raise StorageError(f"cannot list {self.to_url(parent)}: {_describe(exc)}") from exc
+            except Exception as exc:  # NOTE [storage errors] in fastload.io.errors
+                raise storage_error(exc, "list", self.to_url(parent)) from exc
             for info in entries:
                 name = fs._strip_protocol(info["name"])
                 if name in wanted and info.get("type") != "directory":
@@ -245,19 +282,18 @@ class Storage:
         return out
 
     def read(self, path: str) -> bytes:
-        """The whole object at ``path``; a missing object raises ObjectNotFoundError with its URL."""
-        fs = self.fs
-        if self.cache is not None:
-            version = self.versions.get(path)
-            if version is None:  # not listed (an explicit file list): ask once per process
-                version = self.versions[path] = self.cache.version(fs, path)
-            return self.cache.read(fs, path, version)
+        """The whole object at ``path`` through :attr:`reader`, in one request.
+
+        A missing object raises ObjectNotFoundError, any other failure StorageError, naming
+        its URL (NOTE [storage errors] in :mod:`fastload.io.errors`).
+        """
         try:
-            return read_whole(fs, path)
-        except FileNotFoundError as exc:
-            raise ObjectNotFoundError(f"{self.to_url(path)} does not exist") from exc
+            return read_whole(self.reader, path)
         except Exception as exc:  # NOTE [storage errors]
-            raise StorageError(f"cannot read {self.to_url(path)}: {_describe(exc)}") from exc
+            converted = storage_error(exc, "read", self.to_url(path))
+            if converted is exc:
+                raise
+            raise converted from exc
 
 
 @dataclass
@@ -309,10 +345,10 @@ def _walk_local(root: str, url: str, on_error: OnListError) -> Listing:
         except OSError as exc:
             if on_error == "raise" or folder == root:
                 raise StorageError(
-                    f"cannot list folder {folder} below dataset root {url}: {_describe(exc)}; "
+                    f"cannot list folder {folder} below dataset root {url}: {describe(exc)}; "
                     "check its permissions, or pass on_error='skip' to leave it out"
                 ) from exc
-            found.unreadable[folder] = _describe(exc)
+            found.unreadable[folder] = describe(exc)
             continue
         for entry in entries:
             try:
@@ -322,7 +358,7 @@ def _walk_local(root: str, url: str, on_error: OnListError) -> Listing:
                     looping = exc.errno == errno.ELOOP
                     found.skipped[entry.path] = "looping symlink" if looping else "dangling symlink"
                 elif not isinstance(exc, FileNotFoundError):  # deleted meanwhile: not listed
-                    found.skipped[entry.path] = f"cannot stat: {_describe(exc)}"
+                    found.skipped[entry.path] = f"cannot stat: {describe(exc)}"
                 continue
             if stat.S_ISDIR(st.st_mode):
                 ident = (st.st_dev, st.st_ino)
@@ -347,14 +383,3 @@ _KINDS = {
     stat.S_IFBLK: "block device",
 }
 
-
-# NOTE [storage errors]
-# Below fsspec, failures arrive in each backend's own types: OSError subclasses from most,
-# but botocore's EndpointConnectionError or aiohttp's ClientError are not OSErrors. Every
-# exception that crosses a Storage method therefore becomes a StorageError naming the URL,
-# with the original kept as __cause__; callers never need the backend's exception types.
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or repr(exc)
-    return text if isinstance(exc, OSError) else f"{type(exc).__name__}: {text}"

@@ -27,7 +27,7 @@ import fsspec
 from fsspec.implementations.chained import ChainedFileSystem
 
 from fastload.errors import ConfigError
-from fastload.storage import target_filesystem
+from fastload.io.storage import target_filesystem
 
 DEFAULT_LATENCY_S = 0.015
 

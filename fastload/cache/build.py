@@ -1,0 +1,70 @@
+"""From a cache spec to a cache: the one module that builds tiers from a :class:`CacheConfig`.
+
+:mod:`fastload.cache.config` holds the spec's data and parsing; the tiers import it. This
+module imports the tiers, so no cycle runs through the config.
+
+Example::
+
+    >>> cache = open_cache({"memory": "2GB", "disk": "/nvme/fastload", "disk_size": "500GB"})
+    >>> [t.name for t in cache.tiers]
+    ['memory', 'disk']
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from fastload.cache.config import DEFAULT_DIR, CacheConfig
+from fastload.cache.disk import DiskTier
+from fastload.cache.memory import MemoryTier
+from fastload.cache.tier import Tier
+from fastload.cache.tiered import TieredCache
+from fastload.errors import ConfigError, MissingDependencyError
+
+
+def build_tiers(config: CacheConfig) -> list[Tier]:
+    """The tier stack of ``config``, fastest first: memory, disk, Redis, then its ``tiers``."""
+    tiers: list[Tier] = []
+    if config.memory:
+        tiers.append(MemoryTier(config.memory, policy=config.policy))
+    if config.disk:
+        tiers.append(DiskTier(config.disk, size=config.disk_size, policy=config.policy))
+    if config.redis:
+        tiers.append(_redis_tier(config.redis))
+    tiers.extend(config.tiers)
+    return tiers
+
+
+def _redis_tier(url: str) -> Tier:
+    try:
+        from fastload.cache import redis_tier  # imports redis, an optional package
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"cache redis={url!r} needs the redis package ({exc}); "
+            "install it with: pip install 'fastload[redis]'"
+        ) from exc
+    return redis_tier.RedisTier(url)
+
+
+def open_cache(spec: Any) -> TieredCache | None:
+    """The cache a spec describes (see :mod:`fastload.cache.config`), or None for no cache."""
+    if spec is None or spec is False:
+        return None
+    if isinstance(spec, TieredCache):
+        return spec
+    if spec is True:
+        config = CacheConfig(disk=DEFAULT_DIR)
+    elif isinstance(spec, CacheConfig):
+        config = spec
+    elif isinstance(spec, Mapping):
+        config = CacheConfig.from_mapping(spec)
+    elif isinstance(spec, (str, os.PathLike)):
+        config = CacheConfig(disk=spec)
+    else:
+        raise ConfigError(
+            f"cache={spec!r} is not a cache spec; pass a directory, a dict such as "
+            "{'memory': '2GB', 'disk': '/nvme/cache'}, a CacheConfig, or None"
+        )
+    return TieredCache(build_tiers(config), config=config)
