@@ -61,3 +61,17 @@ def test_a_cache_pickles_into_workers_with_fresh_memory(tmp_path):
     assert isinstance(clone, TieredCache)
     assert clone.tiers[0].get("k") is None  # memory is per process
     assert clone.tiers[1].directory == cache.tiers[1].directory
+
+
+def test_redis_without_the_redis_package_names_the_pip_command(tmp_path, monkeypatch):
+    import sys
+
+    import fastload.cache
+    from fastload.errors import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, "redis", None)  # as Python blocks a module
+    monkeypatch.delitem(sys.modules, "fastload.cache.redis_tier", raising=False)
+    monkeypatch.delattr(fastload.cache, "redis_tier", raising=False)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'fastload\[redis\]'") as info:
+        open_cache({"disk": tmp_path / "d", "redis": "redis://127.0.0.1:1/0"})
+    assert isinstance(info.value, ImportError)

@@ -101,11 +101,12 @@ def test_registry_imports_lazily():
 
 def test_without_dali_installed_everything_else_works(jpeg_root):
     """A Python where nvidia.dali cannot import (sys.modules entry None, as Python blocks a
-    module): auto runs torch, forcing DALI names the package to install."""
+    module): auto runs torch, forcing or importing DALI raises MissingDependencyError naming
+    the package to install."""
     code = f"""
 import sys
 sys.modules["nvidia.dali"] = None
-from fastload import BackendUnavailable, DataLoader, ImageFolder
+from fastload import DataLoader, ImageFolder, MissingDependencyError
 ds = ImageFolder({str(jpeg_root)!r}, size=32, seed=0)
 loader = DataLoader(ds, batch_size=8, num_workers=0)
 assert loader.backend == "torch", loader.backend_reason
@@ -113,7 +114,13 @@ images, labels = next(iter(loader))
 assert images.shape == (8, 3, 32, 32)
 try:
     DataLoader(ds, batch_size=8, backend="dali")
-except BackendUnavailable as exc:
+except MissingDependencyError as exc:
+    assert isinstance(exc, ImportError)
+    print(exc)
+try:
+    from fastload.engines.registry import engine_class
+    engine_class("dali")
+except MissingDependencyError as exc:
     print(exc)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -151,3 +151,17 @@ def test_unreachable_s3_endpoint_is_a_storage_error_naming_the_url():
         ImageFolder("s3://nobucket/train", storage_options=options)
     assert not isinstance(info.value, FileNotFoundError)  # unreachable is not "missing"
     assert info.value.__cause__ is not None
+
+
+def test_a_known_protocol_whose_package_is_missing_names_the_pip_command():
+    """gcs:// is a known fsspec protocol; without gcsfs it is a MissingDependencyError (an
+    ImportError) saying what to install."""
+    try:
+        import gcsfs  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("gcsfs is installed")
+    with pytest.raises(fastload.MissingDependencyError, match="pip install gcsfs") as info:
+        ImageFolder("gcs://bucket/train")
+    assert isinstance(info.value, ImportError)

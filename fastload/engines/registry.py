@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import Dataset
 
 from fastload.engines.base import EngineRequest
-from fastload.errors import BackendUnavailable, ConfigError
+from fastload.errors import BackendUnavailable, ConfigError, MissingDependencyError
 
 Backend = Literal["auto", "torch", "dali"]
 BACKENDS: tuple[str, ...] = ("auto", "torch", "dali")
@@ -108,7 +108,7 @@ def engine_class(name: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise BackendUnavailable(
+        raise MissingDependencyError(
             f"the {name} engine cannot be imported ({exc}); install it with: {spec.install}"
         ) from exc
     return getattr(module, class_name)
@@ -124,11 +124,15 @@ def blocker_of(name: str, request: EngineRequest) -> str | None:
     return why
 
 
+class MissingPackage(str):
+    """A blocker that is a package not installed: forcing the engine raises MissingDependencyError."""
+
+
 def _import_blocker(spec: EngineSpec) -> str | None:
     try:
         importlib.import_module(spec.requires)  # type: ignore[arg-type]
     except ImportError as exc:
-        return f"{spec.requires} does not import ({exc}); install it with: {spec.install}"
+        return MissingPackage(f"{spec.requires} does not import ({exc}); install it with: {spec.install}")
     return None
 
 
@@ -171,7 +175,8 @@ def choose_backend(
     blocker = blocker_of("dali", request)
     if requested == "dali":
         if blocker is not None:
-            raise BackendUnavailable(
+            kind = MissingDependencyError if isinstance(blocker, MissingPackage) else BackendUnavailable
+            raise kind(
                 f"backend='dali' cannot run this loader: {blocker}. Pass backend='torch' or "
                 "backend='auto' to run it on torch workers."
             )
