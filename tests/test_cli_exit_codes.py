@@ -1,0 +1,171 @@
+"""The exit codes of the installed ``fastload`` console script and of ``python -m fastload``.
+
+Contract: 0 success; 1 failures (objects not fetched, corrupt entries, origin unavailable);
+2 bad usage or bad input; 130 interrupted. Run as subprocesses: click's test runner bypasses
+the console script's ``sys.exit(main())``, which is where the codes were once lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import fastload
+from fastload.cache import DiskTier
+from tests.fixtures.s3 import DUMMY_ENV
+
+FASTLOAD = str(Path(sys.executable).parent / "fastload")
+
+
+def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([FASTLOAD, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **DUMMY_ENV})
+
+
+def _module(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fastload", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def _dataset(root: Path, files: int = 4) -> Path:
+    root.mkdir(parents=True)
+    for i in range(files):
+        (root / f"{i:02d}.bin").write_bytes(bytes([i]) * 100)
+    return root
+
+
+def _cached(cache: Path) -> int:
+    try:
+        return sum(1 for _ in DiskTier(cache, create=False).entries())
+    except (fastload.FastloadError, OSError):  # not created yet
+        return 0
+
+
+@pytest.mark.timeout(120)
+def test_version_and_help_exit_0():
+    version = _run("--version")
+    assert version.returncode == 0 and fastload.__version__ in version.stdout
+    for args in (["--help"], ["cache", "--help"], ["cache", "warm", "--help"]):
+        shown = _run(*args)
+        assert shown.returncode == 0 and "Usage:" in shown.stdout, args
+    assert "--max-failures" in _run("cache", "warm", "--help").stdout
+    module = _module("--version")
+    assert module.returncode == 0 and fastload.__version__ in module.stdout
+
+
+@pytest.mark.timeout(60)
+def test_verify_exits_0_on_a_sound_cache_and_1_on_a_corrupt_entry(tmp_path):
+    cache = tmp_path / "cache"
+    tier = DiskTier(cache)
+    for i in range(3):
+        assert tier.put(f"file:///data/{i}.bin", bytes([i]) * 1000)
+    tier.close()
+    sound = _run("cache", "verify", str(cache))
+    assert sound.returncode == 0 and "0 corrupt" in sound.stdout, sound
+
+    victim = next(DiskTier(cache).keys())
+    path = DiskTier(cache).path_of(victim)
+    path.write_bytes(path.read_bytes()[:-3])
+    corrupt = _run("cache", "verify", str(cache))
+    assert corrupt.returncode == 1 and f"CORRUPT {victim}" in corrupt.stdout, corrupt
+    assert _module("cache", "verify", str(cache)).returncode == 1
+    assert json.loads(_run("cache", "verify", str(cache), "--json").stdout)["ok"] is False
+
+
+@pytest.mark.timeout(180)
+def test_bad_usage_and_bad_input_exit_2(tmp_path):
+    (tmp_path / "not-a-cache").mkdir()
+    (tmp_path / "not-a-cache" / "notes.txt").write_text("mine")
+    data = _dataset(tmp_path / "data")
+    cases = {
+        "a missing cache directory": (["cache", "verify", str(tmp_path / "missing")], "does not exist"),
+        "stats of a missing directory": (["cache", "stats", str(tmp_path / "missing")], "missing"),
+        "a directory that is no cache": (["cache", "clear", str(tmp_path / "not-a-cache")],
+                                         "not a fastload cache"),
+        "warming into a foreign directory": (["cache", "warm", str(data), "--cache",
+                                              str(tmp_path / "not-a-cache")], "not a fastload cache"),
+        "a bad --shard": (["cache", "warm", str(data), "--cache", str(tmp_path / "c"),
+                           "--shard", "4/4"], "--shard"),
+        "a missing dataset root": (["cache", "warm", str(tmp_path / "nothing"), "--cache",
+                                    str(tmp_path / "c")], "does not exist"),
+        "an unknown option": (["cache", "warm", str(data), "--cash", "x"], "No such option"),
+        "an unknown command": (["cahce"], "No such command"),
+        "a bad --jobs": (["cache", "warm", str(data), "--cache", str(tmp_path / "c"),
+                          "--jobs", "0"], "--jobs"),
+    }
+    for case, (args, said) in cases.items():
+        run = _run(*args)
+        assert run.returncode == 2, (case, run.stdout, run.stderr)
+        assert said in run.stderr, (case, run.stderr)
+    assert (tmp_path / "not-a-cache" / "notes.txt").read_text() == "mine"
+    module = _module("cache", "verify", str(tmp_path / "missing"))
+    assert module.returncode == 2 and "does not exist" in module.stderr
+
+
+@pytest.mark.timeout(60)
+def test_warm_exits_0_then_resumes(tmp_path):
+    data = _dataset(tmp_path / "data")
+    cache = str(tmp_path / "cache")
+    first = _run("cache", "warm", str(data), "--cache", cache, "--json")
+    assert first.returncode == 0 and json.loads(first.stdout)["fetched"] == 4, first.stderr
+    again = _run("cache", "warm", str(data), "--cache", cache)
+    assert again.returncode == 0 and "4 already cached" in again.stdout
+    assert "warm: 4/4 files" in again.stderr  # a plain progress line: stderr is no terminal
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="needs Linux /proc")
+def test_warm_with_failed_objects_exits_1_naming_a_few(tmp_path):
+    data = _dataset(tmp_path / "data", files=3)
+    for i in range(8):  # listed as regular files; reading them at offset 0 fails with EIO
+        (data / f"bad{i}.bin").symlink_to("/proc/self/mem")
+    run = _run("cache", "warm", str(data), "--cache", str(tmp_path / "cache"))
+    assert run.returncode == 1, (run.stdout, run.stderr)
+    assert "3 fetched" in run.stdout and "8 failed" in run.stdout
+    assert run.stdout.count("FAILED ") == 5 and "... and 3 more failed" in run.stdout
+    assert "run the same command again" in run.stdout
+    listed = json.loads(_run("cache", "warm", str(data), "--cache", str(tmp_path / "cache"),
+                             "--json").stdout)
+    assert len(listed["failed"]) == 8 and listed["skipped"] == 3 and listed["ok"] is False
+
+
+@pytest.mark.timeout(60)
+def test_an_unreachable_origin_exits_1_saying_to_run_again(tmp_path):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    run = _run("cache", "warm", "s3://bucket/train", "--cache", str(tmp_path / "cache"),
+               "-o", f"endpoint_url=http://127.0.0.1:{port}")
+    assert run.returncode == 1, (run.stdout, run.stderr)
+    assert "cannot warm s3://bucket/train" in run.stderr and "run the same command again" in run.stderr
+    assert time.monotonic() - started < 45  # gives up instead of hanging
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_exits_130(tmp_path):
+    data = _dataset(tmp_path / "data", files=60)
+    warm = subprocess.Popen(
+        [FASTLOAD, "cache", "warm", f"latency::file://{data}", "--cache", str(tmp_path / "cache"),
+         "--jobs", "1", "-o", 'latency={"latency": 0.2}'],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        while _cached(tmp_path / "cache") < 1:
+            assert warm.poll() is None, warm.communicate()
+            time.sleep(0.05)
+        warm.send_signal(signal.SIGINT)
+        _, err = warm.communicate(timeout=30)
+    finally:
+        if warm.poll() is None:
+            warm.kill()
+            warm.communicate()
+    assert warm.returncode == 130 and "aborted" in err
