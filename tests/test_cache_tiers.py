@@ -1,10 +1,10 @@
-"""The Tier contract, run on every local tier, plus what only the disk tier promises:
-policies, corrupt entries, hostile keys, budgets, a full disk, counters across processes."""
+"""What the local tiers promise beyond the Tier contract (tests/contracts/test_tiers.py):
+policies, corrupt entries, hostile keys kept inside the directory, budgets, a full disk,
+counters across processes."""
 
 import json
 import logging
 import os
-import pickle
 import subprocess
 import sys
 import textwrap
@@ -14,32 +14,6 @@ import pytest
 from fastload.cache import DiskTier, MemoryTier
 from fastload.cache.entry import encode_header
 from fastload.cache.keys import make_key
-
-
-@pytest.fixture(params=["memory", "disk"])
-def tier(request, tmp_path):
-    if request.param == "memory":
-        return MemoryTier("1MB")
-    return DiskTier(tmp_path / "cache", size="1MB")
-
-
-def test_contract_round_trip_missing_delete_and_keys(tier):
-    key = make_key("s3://b/a.jpg", "3:etag")
-    assert tier.get(key) is None and not tier.contains(key)
-    assert tier.put(key, b"abc") is True
-    assert tier.put(key, b"abc") is True  # idempotent
-    assert tier.get(key) == b"abc" and tier.contains(key)
-    assert list(tier.keys()) == [key]
-    tier.delete(key)
-    assert tier.get(key) is None and list(tier.keys()) == []
-    assert (tier.stats.hits, tier.stats.misses) == (1, 2)  # contains() counts nothing
-
-
-def test_contract_survives_pickling(tier):
-    tier.put("k", b"v")
-    clone = pickle.loads(pickle.dumps(tier))
-    assert type(clone) is type(tier)
-    assert clone.get("k") == (b"v" if tier.shared else None)
 
 
 @pytest.mark.parametrize("kind", ["memory", "disk"])
