@@ -13,7 +13,6 @@ import pytest
 
 from fastload.cache import DiskTier, MemoryTier
 from fastload.cache.entry import encode_header
-from fastload.cache.keys import make_key
 
 
 @pytest.mark.parametrize("kind", ["memory", "disk"])

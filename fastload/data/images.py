@@ -33,7 +33,6 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset, get_worker_info
 
-from fastload.data import batchinfo
 from fastload.arguments import (
     check_bool,
     check_choice,
@@ -45,6 +44,9 @@ from fastload.arguments import (
 )
 from fastload.cache import TieredCache, open_cache
 from fastload.cache.filesystem import CachedReads
+from fastload.data import batchinfo
+from fastload.data.pipeline import ImagePipeline, Normalize
+from fastload.data.sampling import mix_seed
 from fastload.errors import (
     CorruptSampleError,
     EmptyDatasetError,
@@ -54,8 +56,6 @@ from fastload.errors import (
     UnreadableSampleError,
 )
 from fastload.io.errors import describe
-from fastload.data.pipeline import ImagePipeline, Normalize
-from fastload.data.sampling import mix_seed
 from fastload.io.storage import Storage
 
 logger = logging.getLogger(__name__)
