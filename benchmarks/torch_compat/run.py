@@ -53,7 +53,7 @@ def check_substitution(python: str, mode: str) -> None:
     out = subprocess.run(
         [python, "-c", probe], env=mode_env(mode), capture_output=True, text=True, check=True
     ).stdout.strip()
-    expected = "fastload.loader" if mode == "fastload" else "torch.utils.data.dataloader"
+    expected = "fastload.loader.dataloader" if mode == "fastload" else "torch.utils.data.dataloader"
     if out != expected:
         raise SystemExit(
             f"{mode} run: a fresh `python -c` sees DataLoader from {out!r}, expected {expected!r}; "

@@ -9,7 +9,7 @@ afterwards gets fastload's loader, with fastload's "auto" defaults in force.
 Used by ``benchmarks/torch_compat/run.py``; see docs/torch_compat.md. Example::
 
     PYTHONPATH=benchmarks/torch_compat python -c \\
-        "import torch.utils.data as d; print(d.DataLoader.__module__)"   # fastload.loader
+        "import torch.utils.data as d; print(d.DataLoader.__module__)"   # fastload.loader.dataloader
 """
 
 import torch.utils.data
