@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.utils.data
+import torch.utils.data.dataloader
 
 from fastload.engines.base import Engine, EngineContext
 
@@ -60,7 +61,9 @@ class TorchEngine(Engine):
             # not the user's, draw (and drop) that number, so the caller's random stream and
             # a RandomSampler's order in later epochs are exactly what torch's default gives.
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
-        iterator = torch.utils.data.DataLoader.__iter__(loader)
+        # The defining module's class: ``torch.utils.data.DataLoader`` may be fastload's
+        # own facade where a script substituted it (benchmarks/torch_compat does).
+        iterator = torch.utils.data.dataloader.DataLoader.__iter__(loader)
         self._current = weakref.ref(iterator)
         return iterator
 
