@@ -20,6 +20,7 @@ from fastload.errors import (
     MissingDependencyError,
     MissingSampleError,
     ObjectNotFoundError,
+    OriginUnavailableError,
     SampleError,
     StorageError,
     UnreadableSampleError,
@@ -38,7 +39,7 @@ from fastload.data.pipeline import (
 from fastload.data.sampling import EpochSampler
 from fastload.settings import AUTO, LoaderSettings, Machine, Setting
 
-__version__ = "0.1.0"
+from fastload.version import __version__
 
 __all__ = [
     "AUTO",
@@ -62,6 +63,7 @@ __all__ = [
     "MissingSampleError",
     "Normalize",
     "ObjectNotFoundError",
+    "OriginUnavailableError",
     "RandomResizedCrop",
     "Resize",
     "SampleError",

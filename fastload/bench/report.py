@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import fastload
+from fastload.version import __version__
 from fastload.bench.accelerators import Emulation, largest_fed
 from fastload.bench.decode import DecodeRate
 from fastload.bench.inventory import Inventory
@@ -146,7 +146,7 @@ class BenchReport:
     def to_json(self) -> dict[str, Any]:
         """One JSON-ready document; every key with a unit carries it (``read_bytes_per_s``)."""
         return {
-            "fastload_version": fastload.__version__,
+            "fastload_version": __version__,
             "url": self.url,
             "verdict": self.verdict,
             "largest_accelerators": self.largest_accelerators,

@@ -175,7 +175,7 @@ class CacheDir:
         return marker
 
     def _create_marker(self) -> None:
-        from fastload import __version__
+        from fastload.version import __version__
 
         st = os.fstatvfs(self._root)
         marker = {
@@ -257,7 +257,7 @@ class CacheDir:
 
     def update_marker(self, **fields: Any) -> None:
         """Rewrite the marker with ``fields`` changed (call under the index lock)."""
-        from fastload import __version__
+        from fastload.version import __version__
 
         self.marker = {**(self._read_marker() or self.marker), **fields, "fastload_version": __version__}
         self.write_json(MARKER, self.marker)
