@@ -1,15 +1,8 @@
 """A meter around any iterable of batches: a stock torch DataLoader, a DALI iterator.
 
 :func:`measure` wraps the iterable in :class:`Metered`, whose every ``iter()`` is one pass of
-a :class:`~fastload.meter.StarvationMeter`; the batches themselves are untouched.
-
-Example::
-
-    >>> from fastload.meter import measure
-    >>> batches = measure(torch.utils.data.DataLoader(ds, batch_size=64, num_workers=4))
-    >>> for x, y in batches:
-    ...     step(x, y)
-    >>> print(batches.meter.summary())
+a :class:`~fastload.meter.StarvationMeter`; the batches themselves are untouched (see
+:func:`measure` for an example).
 """
 
 from __future__ import annotations
