@@ -160,7 +160,7 @@ def _measure_cached(
         cold_reads = throughput.read_sweep(
             reads_storage, subset.entries, levels=levels,
             seconds_per_level=READ_SHARE * budget / len(levels),
-            bytes_per_level=max(1, subset.total_bytes // len(levels)),
+            bytes_per_level=max(1, subset.total_bytes // len(levels)), one_pass=True,
             stop_at_plateau=False, progress=lambda f: tick("cold reads", f),
         )
         origin = Storage(url, storage_options)

@@ -142,6 +142,7 @@ def read_sweep(
     max_concurrency: int = 32,
     seconds_per_level: float = 2.0,
     bytes_per_level: int | None = None,
+    one_pass: bool = False,
     chunk_bytes: int = CHUNK_BYTES,
     stop_at_plateau: bool = True,
     seed: int = 0,
@@ -162,7 +163,8 @@ def read_sweep(
     flat = 0
     for i, concurrency in enumerate(levels):
         point = _read_level(
-            storage, order, cursor, concurrency, seconds_per_level, bytes_per_level, chunk_bytes
+            storage, order, cursor, concurrency, seconds_per_level, bytes_per_level, chunk_bytes,
+            one_pass,
         )
         logger.info(
             "reads at concurrency %d: %d objects, %.1f MB/s", concurrency, point.objects,
@@ -190,6 +192,7 @@ def _read_level(
     seconds: float,
     max_bytes: int | None,
     chunk_bytes: int,
+    one_pass: bool = False,
 ) -> ReadPoint:
     fs = storage.fs
     lock = threading.Lock()
@@ -203,7 +206,10 @@ def _read_level(
         with lock:
             if max_bytes is not None and budget["reserved"] >= max_bytes:
                 return None
-            entry = order[next(cursor) % len(order)]
+            position = next(cursor)
+            if one_pass and position >= len(order):
+                return None  # NOTE [cold means cold]: no object is read twice
+            entry = order[position % len(order)]
             budget["reserved"] += entry.size
         return entry
 
