@@ -25,20 +25,27 @@ from fastload.errors import (
     StorageError,
     UnreadableSampleError,
 )
-from fastload.data.images import ImageFolder
-from fastload.loader import DataLoader
-from fastload.meter import StarvationMeter, measure
-from fastload.data.pipeline import (
-    CenterCrop,
-    HorizontalFlip,
-    ImagePipeline,
-    Normalize,
-    RandomResizedCrop,
-    Resize,
-)
-from fastload.data.sampling import EpochSampler
-from fastload.settings import AUTO, LoaderSettings, Machine, Setting
+from fastload.lazy import attach
 
+# Everything that imports torch is imported on first use (fastload.lazy).
+_LAZY = {
+    "AUTO": "fastload.settings",
+    "CenterCrop": "fastload.data.pipeline",
+    "DataLoader": "fastload.loader",
+    "EpochSampler": "fastload.data.sampling",
+    "HorizontalFlip": "fastload.data.pipeline",
+    "ImageFolder": "fastload.data.images",
+    "ImagePipeline": "fastload.data.pipeline",
+    "LoaderSettings": "fastload.settings",
+    "Machine": "fastload.settings",
+    "Normalize": "fastload.data.pipeline",
+    "RandomResizedCrop": "fastload.data.pipeline",
+    "Resize": "fastload.data.pipeline",
+    "Setting": "fastload.settings",
+    "StarvationMeter": "fastload.meter",
+    "measure": "fastload.meter",
+}
+__getattr__, __dir__ = attach(__name__, _LAZY, globals())
 from fastload.version import __version__
 
 __all__ = [

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 import fastload
 
 
@@ -33,3 +35,22 @@ def test_version_and_help_from_the_command_line():
         [sys.executable, "-m", "fastload", "--help"], capture_output=True, text=True, check=True
     )
     assert "Usage" in out.stdout
+
+
+def test_the_package_and_the_command_start_without_torch():
+    """`import fastload` and the command's --version, --help and cache commands import no
+    torch (it costs seconds); the first use of a name that needs it imports it."""
+    code = (
+        "import sys, fastload, fastload.cli, fastload.cache, fastload.bench\n"
+        "print('torch' in sys.modules)\n"
+        "fastload.DataLoader\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
+    assert sorted(fastload.__all__) == sorted(n for n in dir(fastload) if n in fastload.__all__)
+
+
+def test_an_unknown_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="NoSuchThing"):
+        fastload.NoSuchThing  # noqa: B018

@@ -14,8 +14,14 @@ Example::
     >>> print(report.verdict)
 """
 
-from fastload.bench.report import BenchReport, Measurements
-from fastload.bench.runner import run_bench
 from fastload.bench.workloads import WORKLOADS, Workload, workload
+from fastload.lazy import attach
+
+# The report and the runner import torch (through the loader): imported on first use.
+__getattr__, __dir__ = attach(__name__, {
+    "BenchReport": "fastload.bench.report",
+    "Measurements": "fastload.bench.report",
+    "run_bench": "fastload.bench.runner",
+}, globals())
 
 __all__ = ["WORKLOADS", "BenchReport", "Measurements", "Workload", "run_bench", "workload"]

@@ -20,9 +20,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fastload.bench import run_bench
 from fastload.bench.workloads import ACCELERATORS, MODELS
-from fastload.cli.render import render
 
 
 @click.command("bench")
@@ -70,6 +68,10 @@ def bench(
         except ValueError:
             raise click.BadParameter(f"expected 'auto' or a number, got {workers!r}",
                                      param_hint="--workers") from None
+    # The bench runs a real loader (torch): imported here, so `fastload --help` starts at once.
+    from fastload.bench import run_bench
+    from fastload.cli.render import render
+
     stderr = Console(stderr=True)
     columns = (TextColumn("{task.description:<28}"), BarColumn(), TimeElapsedColumn())
     with Progress(*columns, console=stderr, transient=True, disable=not stderr.is_terminal) as bar:

@@ -11,14 +11,14 @@ import sys
 
 import click
 
-import fastload
+from fastload.version import __version__
 from fastload.cli.bench import bench as bench_command
 from fastload.cli.cache import cache as cache_command
-from fastload.errors import OriginUnavailableError
+from fastload.errors import FastloadError, OriginUnavailableError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(fastload.__version__, prog_name="fastload")
+@click.version_option(__version__, prog_name="fastload")
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-v info, -vv debug).")
 def cli(verbose: int) -> None:
     """fastload: keep GPUs fed. Measure storage, warm caches, find input bottlenecks."""
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     except OriginUnavailableError as exc:
         click.echo(f"fastload: error: {exc}", err=True)
         return 1
-    except fastload.FastloadError as exc:
+    except FastloadError as exc:
         click.echo(f"fastload: error: {exc}", err=True)
         return 2
     return code if isinstance(code, int) else 0
