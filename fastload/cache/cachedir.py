@@ -187,10 +187,10 @@ class CacheDir:
         }
         tmp = write_temp(self._root, [json.dumps(marker, indent=1).encode()])
         try:
-            # link(), unlike rename, fails when the name exists: the first process wins.
-            os.link(tmp, MARKER, src_dir_fd=self._root, dst_dir_fd=self._root, follow_symlinks=False)
-        except FileExistsError:
-            pass
+            # link(), unlike rename, fails when the name exists: the first process wins and
+            # the marker it wrote stays.
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, MARKER, src_dir_fd=self._root, dst_dir_fd=self._root, follow_symlinks=False)
         except OSError:  # a filesystem without hard links
             os.replace(tmp, MARKER, src_dir_fd=self._root, dst_dir_fd=self._root)
         finally:

@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -90,11 +91,9 @@ def verify(tier: DiskTier, *, drop: bool = False) -> CorruptReport:
         report.checked += 1
         report.bytes += found.size
         if why is not None:
-            name = found.name
-            try:
+            name = found.name  # the file's name, unless its header still names the key
+            with contextlib.suppress(entry.CorruptEntry):
                 name = entry.read_header(blob)[0]["key"]
-            except entry.CorruptEntry:
-                pass
             report.corrupt.append((f"{name} ({found.path})", why))
             if drop:
                 tier.drop_entry(found.name)
