@@ -167,25 +167,26 @@ def _from_env(name: str, parse: type) -> tuple[Any, Source] | None:
     if raw is None or raw.strip().lower() in ("", AUTO):
         return None
     raw = raw.strip()
+    invalid = ConfigError(
+        f"FASTLOAD_{name.upper()}={raw!r} is not a valid {parse.__name__}; "
+        f"unset it or set it to 'auto' or a {parse.__name__}"
+    )
+    if parse is bool:
+        lowered = raw.lower()
+        if lowered not in ("1", "0", "true", "false", "yes", "no"):
+            raise invalid
+        return lowered in ("1", "true", "yes"), "environment"
     try:
-        if parse is bool:
-            lowered = raw.lower()
-            if lowered not in ("1", "0", "true", "false", "yes", "no"):
-                raise ValueError(raw)
-            return lowered in ("1", "true", "yes"), "environment"
         value = parse(raw)
-        if name in _ENV_MINIMUM and value < _ENV_MINIMUM[name]:
-            raise ConfigError(
-                f"FASTLOAD_{name.upper()}={raw!r} is below {_ENV_MINIMUM[name]}, the least "
-                f"{name} torch accepts; unset it or set it to 'auto' or an int >= "
-                f"{_ENV_MINIMUM[name]}"
-            )
-        return value, "environment"
     except ValueError:
+        raise invalid from None
+    if name in _ENV_MINIMUM and value < _ENV_MINIMUM[name]:
         raise ConfigError(
-            f"FASTLOAD_{name.upper()}={raw!r} is not a valid {parse.__name__}; "
-            f"unset it or set it to 'auto' or a {parse.__name__}"
-        ) from None
+            f"FASTLOAD_{name.upper()}={raw!r} is below {_ENV_MINIMUM[name]}, the least "
+            f"{name} torch accepts; unset it or set it to 'auto' or an int >= "
+            f"{_ENV_MINIMUM[name]}"
+        )
+    return value, "environment"
 
 
 def _explicit(name: str, value: Any, parse: type) -> tuple[Any, Source] | None:

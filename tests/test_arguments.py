@@ -136,5 +136,5 @@ def test_explicit_prefetch_factor_without_workers_keeps_torchs_error():
 @pytest.mark.parametrize(("variable", "value"), [("FASTLOAD_NUM_WORKERS", "-1"), ("FASTLOAD_PREFETCH_FACTOR", "0")])
 def test_env_ints_below_torchs_minimum_name_the_variable(monkeypatch, variable, value):
     monkeypatch.setenv(variable, value)
-    with pytest.raises(fastload.ConfigError, match=variable):
+    with pytest.raises(fastload.ConfigError, match=f"{variable}='{value}' is below"):
         DataLoader(tensors(), batch_size=2)
