@@ -7,14 +7,17 @@ remaining indices are all the sampler's (NOTE [one plan, two engines] in
 
 An engine
 
-* says whether it can run a loader, and why not (:meth:`Engine.blocker`), before it is built;
+* is registered with what it needs and why it cannot run a loader, answered before it is
+  built (:class:`fastload.engines.registry.EngineSpec`);
 * yields one epoch's batches from :meth:`Engine.epoch`: plain batches, or
   :class:`fastload.data.batchinfo.Envelope` objects that carry the batch with the time spent
   fetching, decoding and collating it and the samples skipped under ``on_error="skip"``;
   a failed sample raises an error that names its file and index;
-* keeps what a resume needs beyond the batch plan in :meth:`Engine.state_dict` (most
-  engines: nothing, since the plan already is the position);
-* leaves no thread or process behind after :meth:`Engine.close`.
+* keeps no position of its own (the batch plan is the position), and says whether the next
+  epoch continues workers kept from the last one (:attr:`Engine.reuses_iterator`, which the
+  replay resume needs: NOTE [persistent workers] in :mod:`fastload.loader.resume`);
+* forgets what it keeps between epochs on :meth:`Engine.restart`, and leaves no thread or
+  process behind after :meth:`Engine.close`.
 
 tests/contracts/test_engines.py holds every registered engine to this.
 
@@ -56,10 +59,6 @@ class EngineRequest:
     worker_init_fn: Callable[[int], None] | None = None
     cuda_available: bool | None = None
 
-    @property
-    def has_cuda(self) -> bool:
-        return self.cuda_available if self.cuda_available is not None else torch.cuda.is_available()
-
 
 @dataclass(frozen=True)
 class EngineContext:
@@ -99,21 +98,14 @@ class Engine(abc.ABC):
     def build(cls, context: EngineContext) -> Engine:
         """The engine for one loader."""
 
-    @classmethod
-    def blocker(cls, request: EngineRequest) -> str | None:
-        """Why this engine cannot give what torch would for ``request``; None if it can."""
-        return None
-
     @abc.abstractmethod
     def epoch(self) -> Iterator[Any]:
         """One epoch's batches (or Envelopes), in the order of the loader's batch plan."""
 
-    def state_dict(self) -> dict[str, Any]:
-        """What a resume needs beyond the batch plan (saved with the loader's state)."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` before the next :meth:`epoch`."""
+    @property
+    def reuses_iterator(self) -> bool:
+        """Whether the next epoch continues workers kept from the last one (draws no seed)."""
+        return False
 
     def restart(self) -> None:
         """Forget anything kept between epochs (persistent workers), so the next epoch

@@ -10,7 +10,7 @@ and says what to install when it is missing. Today:
   (:mod:`fastload.engines.dali`), decoding on the GPU where there is one.
 
 :func:`choose_backend` is the facade's decision: it asks each engine whether it can run the
-loader (:meth:`~fastload.engines.base.Engine.blocker`) and returns the engine with the reason.
+loader (its :class:`EngineSpec`'s ``blocker``, then its package) and returns the engine with the reason.
 
 Example::
 
@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import Dataset
 
 from fastload.engines.base import EngineRequest
-from fastload.errors import BackendUnavailable, ConfigError, MissingDependencyError
+from fastload.errors import BackendUnavailable, ConfigError, FastloadError, MissingDependencyError
 
 Backend = Literal["auto", "torch", "dali"]
 BACKENDS: tuple[str, ...] = ("auto", "torch", "dali")
@@ -48,7 +48,7 @@ class EngineSpec:
         install: the command that installs what it needs (None: nothing to install).
         requires: a module that must import for the engine to run.
         blocker: why the engine cannot run a loader (None if it can), answered without
-            importing the engine; by default the engine class's own ``blocker``.
+            importing the engine; None for an engine that runs every loader.
     """
 
     target: str
@@ -102,7 +102,7 @@ def engine_class(name: str) -> Any:
         spec = ENGINES[name]
     except KeyError:
         raise ConfigError(
-            f"backend={name!r} is not an engine; use one of {', '.join(BACKENDS)}"
+            f"{name!r} is not an engine fastload has; use one of {', '.join(map(repr, ENGINES))}"
         ) from None
     module_name, class_name = spec.target.split(":")
     try:
@@ -114,25 +114,25 @@ def engine_class(name: str) -> Any:
     return getattr(module, class_name)
 
 
-def blocker_of(name: str, request: EngineRequest) -> str | None:
-    """Why engine ``name`` cannot run ``request`` (its own limits first, then its package)."""
+def blocker_of(name: str, request: EngineRequest) -> FastloadError | None:
+    """Why engine ``name`` cannot run ``request``, as the error that forcing it raises.
+
+    :class:`~fastload.errors.BackendUnavailable` for the engine's own limits (checked first),
+    :class:`~fastload.errors.MissingDependencyError` for a package that is not installed;
+    None when it can run.
+    """
     spec = ENGINES[name]
-    check = spec.blocker or (lambda r: engine_class(name).blocker(r))
-    why = check(request)
-    if why is None and spec.requires is not None:
-        why = _import_blocker(spec)
-    return why
-
-
-class MissingPackage(str):
-    """A blocker that is a package not installed: forcing the engine raises MissingDependencyError."""
-
-
-def _import_blocker(spec: EngineSpec) -> str | None:
+    why = spec.blocker(request) if spec.blocker is not None else None
+    if why is not None:
+        return BackendUnavailable(why)
+    if spec.requires is None:
+        return None
     try:
-        importlib.import_module(spec.requires)  # type: ignore[arg-type]
+        importlib.import_module(spec.requires)
     except ImportError as exc:
-        return MissingPackage(f"{spec.requires} does not import ({exc}); install it with: {spec.install}")
+        return MissingDependencyError(
+            f"{spec.requires} does not import ({exc}); install it with: {spec.install}"
+        )
     return None
 
 
@@ -175,8 +175,7 @@ def choose_backend(
     blocker = blocker_of("dali", request)
     if requested == "dali":
         if blocker is not None:
-            kind = MissingDependencyError if isinstance(blocker, MissingPackage) else BackendUnavailable
-            raise kind(
+            raise type(blocker)(
                 f"backend='dali' cannot run this loader: {blocker}. Pass backend='torch' or "
                 "backend='auto' to run it on torch workers."
             )
@@ -184,7 +183,7 @@ def choose_backend(
         return Choice("dali", f"dali: backend='dali' was requested; {where}")
     if blocker is not None:
         return Choice("torch", f"torch: {blocker}")
-    if not request.has_cuda:
+    if not _has_cuda(cuda_available):
         return Choice(
             "torch",
             "torch: no CUDA GPU, so DALI would decode on the CPU like torch workers do; "
@@ -199,5 +198,8 @@ def choose_backend(
 
 def gpu_decoding(device: torch.device | None, cuda_available: bool | None) -> bool:
     """Whether DALI decodes "mixed" (on the GPU): a GPU exists and the user did not ask for the CPU."""
-    has_gpu = cuda_available if cuda_available is not None else torch.cuda.is_available()
-    return has_gpu and not (device is not None and device.type == "cpu")
+    return _has_cuda(cuda_available) and not (device is not None and device.type == "cpu")
+
+
+def _has_cuda(cuda_available: bool | None) -> bool:
+    return cuda_available if cuda_available is not None else torch.cuda.is_available()

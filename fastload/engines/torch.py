@@ -69,20 +69,26 @@ class TorchEngine(Engine):
 
     def restart(self) -> None:
         """Shut down persistent workers; the next epoch starts new ones from the dataset now."""
-        iterator = self._loader._iterator
-        if iterator is None:
-            return
-        self._loader._iterator = None
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-        logger.info("restarted the loader's persistent workers")
+        if self._shut_down_persistent():
+            logger.info("restarted the loader's persistent workers")
 
     def close(self) -> None:
         """Shut down the workers of the epoch in progress and the persistent ones."""
         current = self._current() if self._current is not None else None
         self._current = None
-        shutdown = getattr(current, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-        self.restart()
+        _shut_down(current)
+        self._shut_down_persistent()
+
+    def _shut_down_persistent(self) -> bool:
+        """Stop the iterator torch keeps between epochs, if any; whether there was one."""
+        iterator = self._loader._iterator
+        self._loader._iterator = None
+        _shut_down(iterator)
+        return iterator is not None
+
+
+def _shut_down(iterator: Iterator[Any] | None) -> None:
+    """Stop an iterator's worker processes (an in-process iterator has none)."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()

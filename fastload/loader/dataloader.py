@@ -175,7 +175,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         state = self.state
-        if state.epoch > 0:
+        if state.iterations > 0:  # not the first epoch of this object (nor a resumed one)
             self._revalidate()
         if state.owns_sampler:
             self.sampler.set_epoch(state.epoch)
@@ -204,11 +204,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         workers hold copies of the dataset with the old versions, so the engine restarts them:
         this epoch starts fresh workers from the dataset as it is now (logged at INFO).
         """
-        revalidate = getattr(self.dataset, "revalidate", None)
-        if revalidate is None or getattr(self.dataset, "cache", None) is None:  # ImageFolder.cache
+        if not self._declared or self.dataset.cache is None:
             return
-        if revalidate():
+        if self.dataset.revalidate():
             self._engine.restart()
+            self.state.first_rng = None  # the new workers start from this epoch's state
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is: the epoch in progress and the batches already handed out.

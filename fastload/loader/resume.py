@@ -95,7 +95,7 @@ def start_epoch(loader: DataLoader, state: LoaderState) -> Progress:
         progress.span, progress.skip, progress.shard_len = (start, stop), skip, sampler.shard_len(epoch)
     else:
         progress.rng_state, progress.rng_source = _rng_state(loader)
-        progress.reused = _reuses_iterator(loader, state)
+        progress.reused = _reuses_iterator(loader)
     return progress
 
 
@@ -105,9 +105,9 @@ def _rng_state(loader: DataLoader) -> tuple[torch.Tensor, str]:
     return torch.get_rng_state(), "global"
 
 
-def _reuses_iterator(loader: DataLoader, state: LoaderState) -> bool:
-    """Whether torch will reset its persistent iterator (no new worker seed is drawn)."""
-    return bool(loader.persistent_workers and loader.num_workers > 0 and state.iterations)
+def _reuses_iterator(loader: DataLoader) -> bool:
+    """Whether the next epoch continues the workers of the last (no new worker seed is drawn)."""
+    return loader.engine.reuses_iterator
 
 
 def state_dict(loader: DataLoader, state: LoaderState) -> dict[str, Any]:
@@ -144,7 +144,7 @@ def state_dict(loader: DataLoader, state: LoaderState) -> dict[str, Any]:
             saved[K_RNG] = progress.rng_state.clone()  # type: ignore[union-attr]
         # NOTE [persistent workers]: an iterator that torch resets draws one number fewer
         # than a new one; the resumed loader first starts its workers from the same state.
-        if (progress.reused if in_epoch else _reuses_iterator(loader, state)):  # type: ignore[union-attr]
+        if (progress.reused if in_epoch else _reuses_iterator(loader)):  # type: ignore[union-attr]
             saved[K_WARM] = state.first_rng.clone()  # type: ignore[union-attr]
         saved[K_RNG_SOURCE] = _rng_state(loader)[1]
     return saved
