@@ -155,3 +155,17 @@ def test_storage_find_lists_regular_files_only_and_names_a_missing_root(root, tm
         Storage(tmp_path / "missing").find()
     with pytest.raises(StorageError, match="is a file"):
         Storage(root / "fifo").find()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_fifo_in_an_explicit_list_fails_naming_it(tmp_path, cached):
+    """A listing skips special files; an explicit file list can still name one. Reading it,
+    directly or through the cache, must not wait for a writer: it fails at once, naming it."""
+    fifo = tmp_path / "x.jpg"
+    os.mkfifo(fifo)
+    cache = {"disk": tmp_path / "cache"} if cached else None
+    ds = ImageFolder([(str(fifo), 0)], size=16, cache=cache)
+    with pytest.raises(StorageError, match=r"x\.jpg.*not a regular file") as info:
+        list(DataLoader(ds, batch_size=1, num_workers=0))
+    assert info.value.index == 0 and info.value.path == str(fifo)

@@ -73,8 +73,8 @@ _SMALL_FILE = 1 << 16  # the marker, used, stats.json
 __all__ = ["MARKER", "CacheDir", "Foreign", "Found", "LockTimeout"]
 
 
-class LockTimeout(Exception):
-    """The directory's index lock was not taken within its timeout."""
+class LockTimeout(CacheError):
+    """The directory's index lock was not taken within its timeout (another process holds it)."""
 
 
 class CacheDir:
@@ -287,15 +287,21 @@ class CacheDir:
         with flock(self._locks, name, timeout, self.path / "locks") as got:
             yield got
 
+    def _busy(self, timeout: float) -> LockTimeout:
+        return LockTimeout(
+            f"{self.path / '.index.lock'} was held for {timeout} s by another thread or process "
+            "using this cache; retry when it has finished"
+        )
+
     @contextlib.contextmanager
     def index_lock(self, timeout: float) -> Iterator[None]:
         """The directory's index lock: threads queue on a mutex, processes on ``.index.lock``."""
         if not self._mutex.acquire(timeout=timeout):
-            raise LockTimeout(f"{self.path / '.index.lock'} busy for {timeout} s")
+            raise self._busy(timeout)
         try:
             with flock(self._root, ".index.lock", timeout, self.path) as got:
                 if not got:
-                    raise LockTimeout(f"{self.path / '.index.lock'} busy for {timeout} s")
+                    raise self._busy(timeout)
                 yield
         finally:
             self._mutex.release()

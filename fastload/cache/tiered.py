@@ -30,9 +30,8 @@ from fsspec.implementations.local import LocalFileSystem
 from fastload.cache.config import CacheConfig
 from fastload.cache.keys import make_key
 from fastload.cache.tier import KeyLocking, Tier, TierStats
-from fastload.errors import StorageError
 from fastload.io.errors import storage_errors
-from fastload.io.origin import read_whole
+from fastload.io.origin import read_local, read_whole
 from fastload.io.versions import local_version, version_of, version_size
 
 logger = logging.getLogger(__name__)
@@ -181,7 +180,7 @@ class TieredCache:
         url = fs.unstrip_protocol(path)
         with storage_errors("read", url):  # NOTE [storage errors] in fastload.io.errors
             if isinstance(fs, LocalFileSystem):
-                data, read_version = _read_local(path, url)
+                data, read_version = read_local(path, url)
             else:
                 data, read_version = read_whole(fs, path), None
         with self._mutex:
@@ -232,25 +231,6 @@ class TieredCache:
 # can see, so only the size is checked: a size that differs from the listed one is served
 # but not cached. A same-size rewrite between the listing and the fetch is not detected
 # there (docs/reliability.md says what that means).
-
-_LOCAL_READ_TRIES = 3
-
-
-def _read_local(path: str, url: str) -> tuple[bytes, str]:
-    """A local file's bytes and the version they are, read while no writer changed it."""
-    for _ in range(_LOCAL_READ_TRIES):
-        with open(path, "rb") as f:
-            before = local_version(os.fstat(f.fileno()))
-            data = f.read()
-            after = local_version(os.fstat(f.fileno()))
-        if before == after:
-            return data, after
-    raise StorageError(
-        f"{url} changed while it was read, {_LOCAL_READ_TRIES} times in a row: something is "
-        "writing it; finish writing the dataset before reading it, or write new files and "
-        "rename them into place"
-    )
-
 
 def _rebuild(tiers: list[Tier], config: CacheConfig) -> TieredCache:
     return TieredCache(tiers, config=config)

@@ -26,11 +26,17 @@ layers bound every origin request:
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import time
 from typing import Any
 
 from fsspec.asyn import AsyncFileSystem
 from fsspec.exceptions import FSTimeoutError
+from fsspec.implementations.local import LocalFileSystem
+
+from fastload.errors import StorageError
+from fastload.io.versions import local_version
 
 logger = logging.getLogger(__name__)
 
@@ -97,11 +103,13 @@ def is_unavailable(exc: BaseException) -> bool:
     the ``__cause__`` chain) is the object's own problem; anything else (connection refused,
     timeouts, 5xx answers) may be an outage.
     """
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, (FileNotFoundError, PermissionError)):
+    chain: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and not any(cause is c for c in chain):  # a cycle ends the walk
+        if isinstance(cause, (FileNotFoundError, PermissionError)):
             return False
-        seen = seen.__cause__
+        chain.append(cause)
+        cause = cause.__cause__
     return True
 
 
@@ -116,6 +124,8 @@ def read_whole(fs: Any, path: str, *, deadline: float | None = READ_DEADLINE_S) 
         >>> fs = fsspec.filesystem("s3")
         >>> data = read_whole(fs, "bucket/train/cat/0001.jpg")   # one GET, no HEAD
     """
+    if type(fs) is LocalFileSystem:  # a FIFO named like an image must not block the read
+        return read_local(path)[0]
     if not isinstance(fs, AsyncFileSystem) or fs.asynchronous or not deadline:
         return fs.cat_file(path, start=0)
     protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
@@ -140,3 +150,34 @@ def read_whole(fs: Any, path: str, *, deadline: float | None = READ_DEADLINE_S) 
             logger.info("reading %s failed (%s); retrying in %.1f s", path, exc, pause)
             time.sleep(min(pause, max(end - time.monotonic(), 0)))
     raise AssertionError("unreachable")  # the loop returns or raises
+
+
+_LOCAL_READ_TRIES = 3
+
+
+def read_local(path: str, url: str | None = None) -> tuple[bytes, str]:
+    """A local file's bytes and the version they are, read while no writer changed it.
+
+    A FIFO, socket or device is refused at once (opening a FIFO would wait for a writer).
+    ``url`` names the file in errors (default: ``path``).
+    """
+    url = url or path
+    for _ in range(_LOCAL_READ_TRIES):
+        # O_NONBLOCK: opening a FIFO named like an image must not wait for a writer.
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise StorageError(
+                    f"{url} is not a regular file (a FIFO, socket or device); only files are "
+                    "objects: remove it from the dataset"
+                )
+            before = local_version(st)
+            data = f.read()
+            after = local_version(os.fstat(f.fileno()))
+        if before == after:
+            return data, after
+    raise StorageError(
+        f"{url} changed while it was read, {_LOCAL_READ_TRIES} times in a row: something is "
+        "writing it; finish writing the dataset before reading it, or write new files and "
+        "rename them into place"
+    )

@@ -35,7 +35,7 @@ import fsspec
 from fsspec.registry import known_implementations
 
 from fastload.errors import ConfigError, MissingDependencyError, ObjectNotFoundError, StorageError
-from fastload.io.errors import describe, storage_error
+from fastload.io.errors import describe, storage_error, storage_errors
 from fastload.io.origin import read_whole, with_timeouts
 from fastload.io.versions import local_version, version_of
 
@@ -270,11 +270,10 @@ class Storage:
         wanted = set(paths)
         for parent in sorted({p.rsplit("/", 1)[0] for p in paths}):
             try:
-                entries = fs.ls(parent, detail=True)
-            except FileNotFoundError:
+                with storage_errors("list", self.to_url(parent)):
+                    entries = fs.ls(parent, detail=True)
+            except FileNotFoundError:  # the folder is gone (ObjectNotFoundError is one too)
                 continue
-            except Exception as exc:  # NOTE [storage errors] in fastload.io.errors
-                raise storage_error(exc, "list", self.to_url(parent)) from exc
             for info in entries:
                 name = fs._strip_protocol(info["name"])
                 if name in wanted and info.get("type") != "directory":
