@@ -336,3 +336,22 @@ def test_explicit_persistent_workers_over_epochs() -> None:
         tensors, epochs=2, batch_size=4, shuffle=True, num_workers=2, persistent_workers=True
     )
     assert len(got) == 2
+
+
+@pytest.mark.timeout(60)
+def test_an_abandoned_loader_with_persistent_workers_ends_them_like_torch() -> None:
+    """torch's own test_partial_workers: dropping the only reference to a loader's iterator
+    ends its persistent workers at once, without the cycle collector (the loader and its
+    engine must not hold each other)."""
+    gc.disable()
+    try:
+        it = iter(fastload.DataLoader(TensorDataset(torch.arange(40)), batch_size=2,
+                                      num_workers=2, persistent_workers=True))
+        workers = list(it._workers)
+        next(it)
+        del it
+        for w in workers:
+            w.join(20)
+        assert not any(w.is_alive() for w in workers)
+    finally:
+        gc.enable()

@@ -43,9 +43,18 @@ class TorchEngine(Engine):
         return cls(context.loader, draws_like_torch=context.draws_like_torch)
 
     def __init__(self, loader: torch.utils.data.DataLoader, *, draws_like_torch: bool = False) -> None:
-        self._loader = loader
+        # A weak reference: the loader holds its engine, and a cycle would keep an abandoned
+        # loader, and its persistent workers, alive until the cycle collector runs.
+        self._loader_ref = weakref.ref(loader)
         self._draws_like_torch = draws_like_torch
         self._current: weakref.ref[Iterator[Any]] | None = None
+
+    @property
+    def _loader(self) -> torch.utils.data.DataLoader:
+        loader = self._loader_ref()
+        if loader is None:
+            raise ReferenceError("the DataLoader of this TorchEngine is gone")
+        return loader
 
     @property
     def reuses_iterator(self) -> bool:
@@ -81,8 +90,11 @@ class TorchEngine(Engine):
 
     def _shut_down_persistent(self) -> bool:
         """Stop the iterator torch keeps between epochs, if any; whether there was one."""
-        iterator = self._loader._iterator
-        self._loader._iterator = None
+        loader = self._loader_ref()
+        if loader is None:  # gone with its persistent iterator
+            return False
+        iterator = loader._iterator
+        loader._iterator = None
         _shut_down(iterator)
         return iterator is not None
 
