@@ -25,7 +25,7 @@ from fastload.errors import (
     StorageError,
     UnreadableSampleError,
 )
-from fastload.lazy import attach
+from fastload.lazy import attach as _attach
 
 # Everything that imports torch is imported on first use (fastload.lazy).
 _LAZY = {
@@ -37,7 +37,7 @@ _LAZY = {
     "ImageFolder": "fastload.data.images",
     "ImagePipeline": "fastload.data.pipeline",
     "LoaderSettings": "fastload.settings",
-    "Machine": "fastload.settings",
+    "Machine": "fastload.machine",
     "Normalize": "fastload.data.pipeline",
     "RandomResizedCrop": "fastload.data.pipeline",
     "Resize": "fastload.data.pipeline",
@@ -45,7 +45,7 @@ _LAZY = {
     "StarvationMeter": "fastload.meter",
     "measure": "fastload.meter",
 }
-__getattr__, __dir__ = attach(__name__, _LAZY, globals())
+__getattr__, __dir__ = _attach(__name__, _LAZY, globals())
 from fastload.version import __version__
 
 __all__ = [

@@ -14,7 +14,7 @@ import pytest
 from fastload.testing.synthetic import make_jpeg_folder
 
 # Each module here starts a real server or builds real data; add yours to this list.
-pytest_plugins: list[str] = ["tests.fixtures.redis", "tests.fixtures.s3"]
+pytest_plugins: list[str] = ["tests.fixtures.privileges", "tests.fixtures.redis", "tests.fixtures.s3"]
 
 
 @pytest.fixture(scope="session")

@@ -116,13 +116,16 @@ try:
     DataLoader(ds, batch_size=8, backend="dali")
 except MissingDependencyError as exc:
     assert isinstance(exc, ImportError)
-    print(exc)
+    print("forced:", exc)
 try:
     from fastload.engines.registry import engine_class
     engine_class("dali")
 except MissingDependencyError as exc:
-    print(exc)
+    print("imported:", exc)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "nvidia.dali does not import" in out.stdout
     assert "pip install 'fastload[dali]'" in out.stdout
+    forced, imported = out.stdout.splitlines()[-2:]  # both raised, each saying what to install
+    assert forced.startswith("forced:") and "pip install 'fastload[dali]'" in forced
+    assert imported.startswith("imported:") and "pip install 'fastload[dali]'" in imported

@@ -15,7 +15,7 @@ from fastload.cache.warm import warm
 from fastload.errors import StorageError
 from fastload.io.storage import Storage
 from fastload.testing.synthetic import make_jpeg_folder
-from tests.fixtures.privileges import run_unprivileged, unprivileged  # noqa: F401 (fixture)
+from tests.fixtures.privileges import run_unprivileged
 
 _BUILD = """
 import json, logging, sys
@@ -51,7 +51,7 @@ def locked(root: Path):
 
 
 @pytest.mark.timeout(60)
-def test_an_unreadable_class_folder_fails_naming_it(root, locked, unprivileged):  # noqa: F811
+def test_an_unreadable_class_folder_fails_naming_it(root, locked, unprivileged):
     out, _ = _build_unprivileged(root, "raise")
     assert out["error"] == "StorageError"
     assert str(locked) in out["message"] and "check its permissions" in out["message"]
@@ -60,7 +60,7 @@ def test_an_unreadable_class_folder_fails_naming_it(root, locked, unprivileged):
 
 @pytest.mark.timeout(60)
 def test_an_unreadable_class_folder_keeps_every_label_under_skip(
-    root, locked, unprivileged  # noqa: F811
+    root, locked, unprivileged
 ):
     out, log = _build_unprivileged(root, "skip")
     assert out["classes"] == ["class_00", "class_01", "class_02"]
@@ -72,7 +72,7 @@ def test_an_unreadable_class_folder_keeps_every_label_under_skip(
 
 @pytest.mark.timeout(60)
 def test_a_class_whose_only_subfolder_is_unreadable_keeps_its_label(
-    root, unprivileged  # noqa: F811
+    root, unprivileged
 ):
     sub = root / "class_01" / "sub"
     sub.mkdir()
@@ -91,7 +91,7 @@ def test_a_class_whose_only_subfolder_is_unreadable_keeps_its_label(
 
 
 @pytest.mark.timeout(60)
-def test_an_unreadable_root_fails_naming_it_even_under_skip(root, unprivileged):  # noqa: F811
+def test_an_unreadable_root_fails_naming_it_even_under_skip(root, unprivileged):
     root.chmod(0o000)
     try:
         out, _ = _build_unprivileged(root, "skip")

@@ -15,7 +15,7 @@ import torch
 import fastload
 from fastload import DataLoader, ImageFolder
 from fastload.testing.synthetic import make_jpeg_folder
-from tests.fixtures.privileges import run_unprivileged, unprivileged  # noqa: F401 (fixture)
+from tests.fixtures.privileges import run_unprivileged
 
 BAD = 3  # the index of the broken sample in every case
 IMAGES = 8
@@ -175,7 +175,7 @@ print(json.dumps(out))
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("broken", ["denied"], indirect=True)
-def test_permission_denied_sample(broken, unprivileged):  # noqa: F811
+def test_permission_denied_sample(broken, unprivileged):
     samples, path, _ = broken
     try:
         result = run_unprivileged(_DENIED_SCRIPT, json.dumps(samples), timeout=100)

@@ -105,7 +105,8 @@ def _fault_mid_warm(moto: MotoProcess, tmp_path: Path, jobs: int, sig: int):
             time.sleep(0.05)
         os.kill(moto.proc.pid, sig)
         faulted = time.monotonic()
-        out, err = warm.communicate(timeout=GIVE_UP_BOUND_S + 30)
+        # A warm that does not give up within the bound is a hang: TimeoutExpired fails the test.
+        out, err = warm.communicate(timeout=GIVE_UP_BOUND_S)
         took = time.monotonic() - faulted
     finally:
         if warm.poll() is None:
@@ -121,7 +122,6 @@ def _assert_gave_up(url: str, code: int, out: str, err: str, took: float) -> Non
     assert f"gave up warming {url}" in err and "run the same command again to resume" in err.lower()
     assert f"/{FILES} objects done" in err and "last error:" in err
     assert err.count("gave up warming") == 1 and out.count("FAILED") <= 5
-    assert took < GIVE_UP_BOUND_S
 
 
 @pytest.mark.timeout(150)

@@ -15,10 +15,10 @@ Example::
 """
 
 from fastload.bench.workloads import WORKLOADS, Workload, workload
-from fastload.lazy import attach
+from fastload.lazy import attach as _attach
 
 # The report and the runner import torch (through the loader): imported on first use.
-__getattr__, __dir__ = attach(__name__, {
+__getattr__, __dir__ = _attach(__name__, {
     "BenchReport": "fastload.bench.report",
     "Measurements": "fastload.bench.report",
     "run_bench": "fastload.bench.runner",
