@@ -39,7 +39,7 @@ Every failure of one sample is a :class:`SampleError` carrying ``.index`` and ``
 
 A sample error keeps ``index`` and ``path`` when it is pickled (a worker process sending it
 back); :class:`fastload.DataLoader` re-raises a worker's sample error as the same exception
-with the worker's traceback attached as a note (:mod:`fastload.batchinfo`).
+with the worker's traceback attached as a note (:mod:`fastload.data.batchinfo`).
 """
 
 from __future__ import annotations

@@ -144,6 +144,7 @@ def test_paths_without_envelopes_still_name_file_and_index(broken):
     with pytest.raises(fastload.CorruptSampleError, match=f"index {BAD}") as info:
         list(DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=False))
     assert path in str(info.value)
+    assert (info.value.index, info.value.path) == (BAD, path)  # intact across the workers
     # a stock torch loader: the error is raised inside the worker, torch keeps type and text
     with pytest.raises(fastload.CorruptSampleError, match=f"index {BAD}") as info:
         list(torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2))

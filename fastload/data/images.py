@@ -361,7 +361,10 @@ class ImageFolder(Dataset):
         )
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return self.load(index)
+        try:
+            return self.load(index)
+        except SampleError as exc:
+            return self._failed(exc)
 
     def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[torch.Tensor, int]]:
         """A batch's samples; under ``on_error="skip"`` failed ones are left out and recorded.
@@ -374,18 +377,28 @@ class ImageFolder(Dataset):
             try:
                 return [self.load(i) for i in indices]
             except SampleError as exc:
-                if get_worker_info() is None:
-                    raise
-                return batchinfo.FailedBatch(exc)
+                return self._failed(exc)
         out = []
         for i in indices:
             try:
                 out.append(self.load(i))
             except SampleError as exc:  # every read or decode failure of one sample
-                path = exc.path or self.samples[i][0]
-                batchinfo.record_skip(batchinfo.Skipped(int(i), path, str(exc)))
-                logger.debug("skipped sample %d (%s): %s", int(i), path, exc)
+                batchinfo.record_skip(self.skipped(i, exc))
         return out
+
+    def skipped(self, index: int, exc: SampleError) -> batchinfo.Skipped:
+        """The record of sample ``index`` skipped under ``on_error="skip"`` for ``exc``."""
+        path = exc.path or self.samples[index][0]
+        logger.debug("skipped sample %d (%s): %s", int(index), path, exc)
+        return batchinfo.Skipped(int(index), path, str(exc))
+
+    @staticmethod
+    def _failed(exc: SampleError) -> batchinfo.FailedBatch:
+        """Raise ``exc`` here, or in a worker hand it to the main process intact (NOTE
+        [sample errors cross the process boundary] in :mod:`fastload.data.batchinfo`)."""
+        if get_worker_info() is None:
+            raise exc
+        return batchinfo.FailedBatch(exc)
 
     def without_normalize(self) -> tuple[ImageFolder, Normalize | None]:
         """This dataset emitting uint8 images, and the Normalize step it dropped, if any."""

@@ -245,7 +245,7 @@ class ImagePipeline:
     def plan(self, width: int, height: int, rng: random.Random) -> Plan:
         """The geometry of every step on a ``width`` x ``height`` image, before any pixel work.
 
-        Both engines run this one plan (Pillow here, DALI in :mod:`fastload.backends.dali`),
+        Both engines run this one plan (Pillow here, DALI in :mod:`fastload.engines.dali`),
         so a sample gets the same crop and flip from the same seed on either engine.
         """
         box = (0.0, 0.0, float(width), float(height))  # region of the original, in pixels

@@ -300,9 +300,7 @@ class DaliEpoch(Iterator[batchinfo.Envelope]):
                 error = dataset.corrupt(sample.index, problem)
                 if dataset.on_error == "raise":
                     raise error from exc
-                slot.info.skipped.append(
-                    batchinfo.Skipped(sample.index, dataset.samples[sample.index][0], str(error))
-                )
+                slot.info.skipped.append(dataset.skipped(sample.index, error))
             slot.samples = kept
         if not found:
             first = next(s for s in self._feed.pending if s.fed).samples[0]

@@ -32,7 +32,7 @@ from PIL import Image
 from fastload.data import batchinfo
 from fastload.data.images import DECODE_ERRORS, ImageFolder
 from fastload.data.pipeline import Plan
-from fastload.errors import ObjectNotFoundError, SampleError
+from fastload.errors import SampleError
 
 logger = logging.getLogger(__name__)
 
@@ -117,13 +117,11 @@ class Reader:
         for index, result in pending:
             try:
                 slot.samples.append(result.get())
-            except (SampleError, ObjectNotFoundError) as exc:
+            except SampleError as exc:  # every read or decode failure of one sample
                 if self._dataset.on_error == "raise":
                     slot.error = exc
                     break
-                path = getattr(exc, "path", None) or self._dataset.samples[index][0]
-                slot.info.skipped.append(batchinfo.Skipped(int(index), path, str(exc)))
-                logger.debug("skipped sample %d (%s): %s", int(index), path, exc)
+                slot.info.skipped.append(self._dataset.skipped(index, exc))
             except Exception as exc:  # storage down, a bug: raised when the loop reaches it
                 slot.error = exc
                 break

@@ -117,13 +117,13 @@ def _unwrap(
                 upstream.note_upstream(perf() - began)
         pending += 1
         if isinstance(item, batchinfo.Envelope):
+            info = item.info
             if meter is not None:
-                info = item.info
                 meter.note_work(info.fetch_s, info.decode_s, info.collate_s)
-            if item.info.skipped:
-                loader.skipped.extend(item.info.skipped)
-            if item.info.error is not None:  # NOTE [sample errors cross the process boundary]
-                raise item.info.error.exception()
+            if info.skipped:
+                loader.skipped.extend(info.skipped)
+            if info.error is not None:  # NOTE [sample errors cross the process boundary]
+                raise info.error.exception()
             if item.batch is None:  # every sample of this batch was skipped
                 continue
             item = item.batch
