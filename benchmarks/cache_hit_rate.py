@@ -24,7 +24,8 @@ import fsspec
 
 from fastload.cache import open_cache
 from fastload.cache.entry import encode_header
-from fastload.cache.keys import make_key, version_of
+from fastload.cache.keys import make_key
+from fastload.io.versions import version_of
 from fastload.testing.synthetic import make_jpeg_folder
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from fastload.cache.forks import after_fork
 from fastload.cache.safefs import (
     TEMP_PREFIX,
     Foreign,
@@ -93,6 +94,11 @@ class CacheDir:
         self.marker = self._marker(create)
         self._check_layout()
         self._entries, self._locks, self._tmp = (self._subdir(name) for name in SUBDIRS)
+        self._mutex = threading.Lock()
+        after_fork(self, CacheDir._reset_after_fork)  # NOTE [locks across fork]
+
+    def _reset_after_fork(self) -> None:
+        """In a forked child: the index mutex a parent's thread may have held is new."""
         self._mutex = threading.Lock()
 
     # -- opening ---------------------------------------------------------------------------

@@ -58,9 +58,6 @@ INDEX_TIMEOUT_S = 30.0
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _LRU_LOW_WATER = 0.9  # an LRU eviction frees down to 90% of the budget, so scans are rare
 
-CorruptReport = maintenance.CorruptReport  # where it was before the split
-
-
 class DiskTier(Tier):
     """Objects in files below ``directory``, at most ``size`` bytes, under ``policy``.
 

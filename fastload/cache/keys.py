@@ -15,6 +15,7 @@ directory.
 
 Example::
 
+    >>> from fastload.io.versions import version_of
     >>> make_key("s3://bucket/a.jpg", version_of({"size": 10, "ETag": '"abc"'}))
     's3://bucket/a.jpg#v=10:"abc"'
 """
@@ -23,9 +24,7 @@ from __future__ import annotations
 
 import xxhash
 
-from fastload.io.versions import local_version, version_of, version_size
-
-__all__ = ["checksum", "digest", "local_version", "make_key", "version_of", "version_size"]
+__all__ = ["checksum", "digest", "make_key"]
 
 
 def make_key(url: str, version: str) -> str:

@@ -28,6 +28,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from fastload.cache.config import CacheConfig
+from fastload.cache.forks import after_fork
 from fastload.cache.keys import make_key
 from fastload.cache.tier import KeyLocking, Tier, TierStats
 from fastload.io.errors import storage_errors
@@ -59,9 +60,15 @@ class TieredCache:
         self._locker: KeyLocking | None = lockers[-1] if lockers else None
         self._mutex = threading.Lock()
         self._inflight: dict[str, threading.Event] = {}
+        after_fork(self, TieredCache._reset_after_fork)  # NOTE [locks across fork]
         self.origin_reads = 0
         self.origin_bytes = 0
         self._warned: set[str] = set()  # URLs whose bytes changed since their listing
+
+    def _reset_after_fork(self) -> None:
+        """In a forked child: no fetch of the parent's threads is in flight here."""
+        self._mutex = threading.Lock()
+        self._inflight = {}
 
     def __reduce__(self):
         return (_rebuild, (self.tiers, self.config))

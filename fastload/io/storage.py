@@ -171,15 +171,6 @@ class Storage:
         fs = self.fs
         return fs.unstrip_protocol(path) if self.protocol != "file" else path
 
-    def resolve(self, path: str) -> str:
-        """A path relative to the root, or already absolute, as a filesystem path."""
-        root = self.root
-        if "://" in path:
-            return self.fs._strip_protocol(path)
-        if path.startswith("/") or path.startswith(root):
-            return path
-        return f"{root}/{path}"
-
     @property
     def is_local(self) -> bool:
         """Whether the root is a plain local path or ``file://`` URL (no chained protocol)."""
