@@ -88,6 +88,7 @@ class CacheDir:
     def __init__(self, path: Path, *, create: bool) -> None:
         self.path = path
         self._fds: list[int] = []
+        self._subs: dict[str, int] = {}  # entries/<xx> descriptors, opened on first use
         # Descriptors close with the object, never at exit: a finalizer may still flush then.
         weakref.finalize(self, close_all, self._fds).atexit = False
         self._root = self._open_root(create)
@@ -320,20 +321,38 @@ class CacheDir:
 
     @contextlib.contextmanager
     def _entry_dir(self, name: str, *, create: bool) -> Iterator[int | None]:
-        sub, where = name[:2], self.path / "entries"
-        try:
-            fd = open_dir(self._entries, sub, where)
-        except FileNotFoundError:
-            if not create:
-                yield None
-                return
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(sub, dir_fd=self._entries)
-            fd = open_dir(self._entries, sub, where)
-        try:
-            yield fd
-        finally:
-            os.close(fd)
+        """The descriptor of ``entries/<xx>`` for entry ``name`` (None: missing, not created).
+
+        The 256 subdirectory descriptors stay open with the object: a cache read then costs
+        one open of the entry file, not three of its directories too. A store first checks
+        that its directory is still linked, in case someone removed it meanwhile.
+        """
+        sub = name[:2]
+        fd = self._subs.get(sub)
+        if fd is not None and create and os.fstat(fd).st_nlink == 0:
+            del self._subs[sub]  # removed under us: reopen (or recreate) it by name
+            with contextlib.suppress(ValueError):
+                self._fds.remove(fd)
+                os.close(fd)
+            fd = None
+        if fd is None:
+            where = self.path / "entries"
+            try:
+                fd = open_dir(self._entries, sub, where)
+            except FileNotFoundError:
+                if not create:
+                    yield None
+                    return
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(sub, dir_fd=self._entries)
+                fd = open_dir(self._entries, sub, where)
+            kept = self._subs.setdefault(sub, fd)  # another thread may have opened it too
+            if kept != fd:
+                os.close(fd)
+                fd = kept
+            else:
+                self._fds.append(fd)
+        yield fd
 
     def open_entry(self, name: str) -> BinaryIO:
         """The entry file ``name``, open for reading; FileNotFoundError, or Foreign if not a file."""
