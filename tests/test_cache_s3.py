@@ -101,7 +101,7 @@ def test_processes_sharing_one_directory_download_each_object_once(s3, s3_server
     out = ctx.Queue()
     procs = [
         ctx.Process(target=_read_all, args=(str(tmp_path / "c"), s3_options, objects, i, out))
-        for i in range(4)
+        for i in range(8)
     ]
     for p in procs:
         p.start()
