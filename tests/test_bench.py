@@ -161,7 +161,7 @@ def test_one_epoch_delivers_every_sample_once(jpeg_root: Path) -> None:
     ds = ImageFolder(jpeg_root, size=32, train=True)
     loader = DataLoader(ds, batch_size=5, shuffle=True, num_workers=1)
     w = workload("tiny", samples_per_sec=1e6)
-    run = accelerators.emulate(loader, w, 3, seconds=120.0, one_epoch=True)
+    run = accelerators.AcceleratorEmulator(loader, w, 3, seconds=120.0, one_epoch=True).run()
     assert run.samples == len(ds) == 48  # counts equal files
     assert sum(u.batches for u in run.usage) == 10  # ceil(48 / 5)
     assert len(run.usage) == 3
@@ -179,7 +179,7 @@ def test_emulation_of_raw_files_is_time_bounded(tmp_path: Path) -> None:
     loader = DataLoader(RawFiles(storage, [e.path for e in inv.entries]), batch_size=2,
                         num_workers=0, collate_fn=list)
     assert sum(len(b) for batch in loader for b in batch) == inv.total_bytes
-    run = accelerators.emulate(loader, workload("raw", samples_per_sec=1000), 2, seconds=0.5)
+    run = accelerators.AcceleratorEmulator(loader, workload("raw", samples_per_sec=1000), 2, seconds=0.5).run()
     assert run.samples > 0 and 0.0 <= run.au <= 1.0
     assert run.samples == sum(u.samples for u in run.usage)
 

@@ -16,7 +16,7 @@ is floor(R / (a x S)) (:func:`largest_fed`); the runner checks that prediction b
 Example::
 
     >>> loader = fastload.DataLoader(ImageFolder(url, size=224, train=True), batch_size=64)
-    >>> run = emulate(loader, workload("resnet50", "h100"), accelerators=2, seconds=20)
+    >>> run = AcceleratorEmulator(loader, workload("resnet50", "h100"), 2, seconds=20).run()
     >>> run.au, [round(a.au, 2) for a in run.usage]
     (0.93, [0.94, 0.92])
 """
@@ -141,7 +141,11 @@ class AcceleratorEmulator:
     One feed thread iterates ``loader`` and puts each batch's sample count into a queue of N
     slots; each accelerator thread takes the next count and sleeps for its compute time.
     :meth:`run` starts them, waits for the budget to be spent and returns the
-    :class:`Emulation`; each call is a fresh run over the same loader.
+    :class:`Emulation`; each call is a fresh run over the same loader. The clock starts when
+    the first batch arrives (worker start-up and the first batch's latency are not training
+    steps); if none arrives within ``startup_timeout_s`` the run ends empty. The loader is
+    iterated epoch after epoch (only once with ``one_epoch``, e.g. to measure a cold cache)
+    until the time is up. Errors of the loader are raised by :meth:`run`.
 
     Example::
 
@@ -284,33 +288,3 @@ class AcceleratorEmulator:
                 self.progress(min(1.0, elapsed / self.seconds))
         startup = min(self._first, time.perf_counter()) - self._start
         self._usage[index] = AcceleratorUsage(index, n_batches, n_samples, compute, wait, startup)
-
-
-def emulate(
-    loader: Iterable[Any],
-    workload: Workload,
-    accelerators: int,
-    *,
-    seconds: float,
-    one_epoch: bool = False,
-    startup_timeout_s: float = STARTUP_TIMEOUT_S,
-    progress: Callable[[float], None] | None = None,
-) -> Emulation:
-    """Feed ``accelerators`` emulated accelerators from ``loader`` for ``seconds``.
-
-    The clock starts when the first batch arrives (worker start-up and the first batch's
-    latency are not training steps); if none arrives within ``startup_timeout_s`` the run
-    ends empty. The loader is iterated epoch after epoch (only once with ``one_epoch``, e.g.
-    to measure a cold cache) until the time is up. Errors of the loader are raised here.
-    A shorthand for ``AcceleratorEmulator(...).run()``.
-
-    Example::
-
-        >>> run = emulate(loader, workload("resnet50", "h100"), accelerators=2, seconds=20)
-        >>> run.au
-        0.93
-    """
-    return AcceleratorEmulator(
-        loader, workload, accelerators, seconds=seconds, one_epoch=one_epoch,
-        startup_timeout_s=startup_timeout_s, progress=progress,
-    ).run()

@@ -298,10 +298,10 @@ def _emulate_all(
     probe_work = Workload(work.model, work.accelerator, 0.0, 1, work.au_target, "feed-rate probe")
     slice_s = seconds / 3
     try:
-        probe = accelerators.emulate(
+        probe = accelerators.AcceleratorEmulator(
             loader, probe_work, 1, seconds=slice_s, one_epoch=one_epoch,
             progress=lambda f: tick(f"{label} feed rate", f),
-        )
+        ).run()
         predicted = accelerators.largest_fed(probe.samples_per_s, work)
         logger.info(
             "%s: loader feeds %.1f samples/s -> up to %d accelerators at AU >= %.0f%%",
@@ -311,10 +311,10 @@ def _emulate_all(
         runs = [probe]
         for n in counts:
             runs.append(
-                accelerators.emulate(
+                accelerators.AcceleratorEmulator(
                     loader, work, n, seconds=slice_s * 2 / len(counts), one_epoch=one_epoch,
                     progress=lambda f, n=n: tick(f"{label} {n} accelerators", f),
-                )
+                ).run()
             )
     finally:
         # Persistent workers live as long as the loader: end them before the next phase
