@@ -27,12 +27,16 @@ setup-test: $(VENV)/bin/python system-deps
 	$(PIP) install --quiet -e ".[test]"
 
 # Debian packages the tests drive for real: redis-server (shared cache tier) and fio
-# (the storage benchmark's reference). Installed only when missing.
+# (the storage benchmark's reference), and libjpeg62-turbo-dev, whose jpeglib.h the region
+# JPEG decoder (fastload/data/_jpeg.c) builds against. Installed only when missing.
 system-deps:
-	@command -v redis-server >/dev/null && command -v fio >/dev/null || { \
+	@PKGS=""; \
+	command -v redis-server >/dev/null && command -v fio >/dev/null || PKGS="redis-server fio"; \
+	[ -e /usr/include/jpeglib.h ] || PKGS="$$PKGS libjpeg62-turbo-dev"; \
+	[ -z "$$PKGS" ] || { \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server fio >/dev/null; }
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$PKGS >/dev/null; }
 
 demo: setup
 	$(PY) benchmarks/loader_throughput.py
