@@ -48,7 +48,9 @@ def make_jpeg_folder(
     manifest differs from the arguments, so benchmarks can call this every run.
     """
     root = Path(root)
-    spec: dict = {"images": images, "classes": classes, "size": list(size), "quality": quality, "seed": seed}
+    spec: dict = {
+        "images": images, "classes": classes, "size": list(size), "quality": quality, "seed": seed
+    }
     sizes = [tuple(size)] * images
     if size_range is not None:  # a key only then, so existing folders' manifests still match
         lo, hi = size_range
