@@ -168,33 +168,35 @@ def _torchvision(out: int) -> Candidate:
 def _fastload_decoders(out: int) -> tuple[dict[str, Candidate], str | None]:
     """fastload.data.decoders.DECODERS as candidates, or why there are none.
 
-    The calling convention (``decode(data, header, denom, region)``, the region in the
-    1/denom-scaled image, HWC uint8 out) is assumed; a decoder whose output does not have
-    the region's shape is left out with the reason, rather than timed wrongly.
+    Each is driven the way fastload.data.render does: ``read_header``, ``dct_scale`` and
+    ``scaled_size`` pick the 1/denom scale, then ``decode(data, header, denom, region,
+    buffer)`` fills an HWC uint8 buffer of the region (x0, y0, x1, y1) of the scaled image.
+    A decoder that returns something else fails its warm-up and is left out, with the reason.
     """
     try:
         from fastload.data import decoders
     except ImportError as exc:
         return {}, f"fastload.data.decoders does not import ({exc})"
-    found = decoders.DECODERS
-    items = (
-        found.items()
-        if isinstance(found, dict)
-        else ((getattr(d, "name", repr(d)), d) for d in found)
-    )
     candidates: dict[str, Candidate] = {}
-    for name, decoder in items:
+    for name, decoder in decoders.DECODERS.items():
 
         def run(data: bytes, box: Box, flip: bool, decoder=decoder) -> torch.Tensor:
-            header = decoder.header(data)
-            width, height = header.width, header.height
-            want_w, want_h = _want(width, height, box, out)
-            denom = max(d for d in (1, 2, 4, 8) if width / d >= want_w and height / d >= want_h)
-            region = tuple(round(v / denom) for v in box)
-            pixels = np.asarray(decoder.decode(data, header, denom, region))
-            if pixels.shape[:2] != (region[3] - region[1], region[2] - region[0]):
-                raise ValueError(f"decoded {pixels.shape} for region {region} at 1/{denom}")
-            return _resize_hwc(pixels, (0, 0, pixels.shape[1], pixels.shape[0]), out, flip)
+            header = decoders.read_header(data)
+            left, top, right, bottom = box
+            denom = 1
+            if header.format == "JPEG":
+                denom = decoders.dct_scale(right - left, bottom - top, out, out)
+            width, height = decoders.scaled_size(header.width, header.height, denom)
+            fx, fy = width / header.width, height / header.height
+            x0, x1 = max(0, round(left * fx)), min(width, round(right * fx))
+            y0, y1 = max(0, round(top * fy)), min(height, round(bottom * fy))
+            buffer = np.empty((y1 - y0, x1 - x0, 3), np.uint8)
+            pixels = np.asarray(decoder.decode(data, header, denom, (x0, y0, x1, y1), buffer))
+            if pixels.shape != buffer.shape:
+                raise ValueError(
+                    f"decoded {pixels.shape} for region {(x0, y0, x1, y1)} at 1/{denom}"
+                )
+            return _resize_hwc(pixels, (0, 0, x1 - x0, y1 - y0), out, flip)
 
         candidates[f"fastload.data.decoders:{name}"] = run
     return candidates, None
