@@ -11,6 +11,10 @@ the tiers may import this module without a cycle. ``ImageFolder(cache=...)``, th
 * a :class:`CacheConfig` or a dict of its fields: memory and disk sizes, policy, extra tiers.
 * a :class:`~fastload.cache.tiered.TieredCache`: used as it is.
 
+``transcode`` (opt-in, changes pixels) asks readers that know images (``ImageFolder``,
+``fastload cache warm --transcode``) to cache a re-encoded copy of each image instead of its
+original bytes; this module only checks it as data (see :func:`transcode_spec`).
+
 Example::
 
     >>> cache = open_cache({"memory": "2GB", "disk": "/nvme/fastload", "disk_size": "500GB"})
@@ -44,6 +48,10 @@ _UNITS = {
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([a-zA-Z]*)\s*$")
 
+TRANSCODE_QUALITY = 90
+"""Default JPEG quality of a transcoded entry."""
+_MAX_QUALITY = 95  # Pillow: above 95 JPEG grows a lot for next to no visible gain
+
 
 def parse_size(value: int | str, *, name: str = "size") -> int:
     """Bytes from an int or a human size: ``"20GB"`` (10**9), ``"64KiB"`` (2**10), ``"1.5g"``.
@@ -69,6 +77,44 @@ def parse_size(value: int | str, *, name: str = "size") -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
+def transcode_spec(value: Any, *, name: str = "transcode") -> dict[str, int]:
+    """A transcode spec checked as plain data: ``{"max_side": int > 0, "quality": 1..95}``.
+
+    ``quality`` defaults to 90. The same check serves ``CacheConfig(transcode=...)``,
+    :class:`fastload.data.transcode.Transcode` and ``fastload cache warm --transcode``.
+
+    Example::
+
+        >>> transcode_spec({"max_side": 256})
+        {'max_side': 256, 'quality': 90}
+    """
+    example = '{"max_side": 256, "quality": 90}'
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"{name} must be a dict such as {example} (or None for no transcoding), got {value!r}"
+        )
+    unknown = sorted(set(value) - {"max_side", "quality"})
+    if unknown:
+        raise ConfigError(
+            f"unknown {name} option(s) {unknown}; the options are ['max_side', 'quality'], "
+            f"e.g. {example}"
+        )
+    if "max_side" not in value:
+        raise ConfigError(f"{name} needs max_side (pixels of the longer side), e.g. {example}")
+    max_side, quality = value["max_side"], value.get("quality", TRANSCODE_QUALITY)
+    if isinstance(max_side, bool) or not isinstance(max_side, int) or max_side < 1:
+        raise ConfigError(
+            f"{name} max_side must be a whole number of pixels >= 1 (the longer side of the "
+            f"stored image, e.g. 256 for 224-pixel crops), got {max_side!r}"
+        )
+    if isinstance(quality, bool) or not isinstance(quality, int) or not 1 <= quality <= _MAX_QUALITY:
+        raise ConfigError(
+            f"{name} quality must be a JPEG quality from 1 to {_MAX_QUALITY} (default "
+            f"{TRANSCODE_QUALITY}), got {quality!r}"
+        )
+    return {"max_side": max_side, "quality": quality}
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """The cache's tiers and options (all keyword-only; sizes in bytes or human units).
@@ -91,6 +137,11 @@ class CacheConfig:
             enough for the loader's workers plus a margin.
         lock_timeout: seconds a reader waits for another process fetching the same object
             before it fetches the object itself.
+        transcode: None (cache the original bytes), or ``{"max_side": 256, "quality": 90}``:
+            opt-in, and it changes pixels. ``ImageFolder`` and ``fastload cache warm
+            --transcode`` then cache each image re-encoded as a JPEG whose longer side is at
+            most ``max_side`` (smaller images are kept as they are), keyed by the parameters,
+            so later epochs decode fewer pixels. See docs/cache.md, "Transcoded tier".
 
     Example::
 
@@ -107,8 +158,11 @@ class CacheConfig:
     prefetch_jobs: int = 16
     prefetch_ahead: int | None = None
     lock_timeout: float = 60.0
+    transcode: Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
+        if self.transcode is not None:  # normalized: the default quality filled in
+            object.__setattr__(self, "transcode", transcode_spec(self.transcode))
         if self.policy not in POLICIES:
             raise ConfigError(f"cache policy must be 'keep' or 'lru', got {self.policy!r}")
         if self.memory is not None:

@@ -13,6 +13,9 @@ object is never served stale) and reads the bytes from the fastest tier that has
 unless the filesystem was given the versions from a listing (:attr:`versions`, as
 ``ImageFolder`` does through :class:`CachedReads`). Listing (``ls``, ``find``, ``info``)
 goes to the origin. The protocol is read-only.
+
+Over a cache made with :meth:`~fastload.cache.tiered.TieredCache.deriving` (a transcoded
+tier, for instance) reads return the derived values (NOTE [derived entries]).
 """
 
 from __future__ import annotations
@@ -65,6 +68,15 @@ class FastloadCacheFileSystem(ChainedFileSystem):
         self.cache = open_cache(cache)
         if self.cache is None:
             raise ConfigError(f"fastload:: needs a cache, got cache={cache!r}; pass a directory")
+        if self.cache.config.transcode is not None and self.cache.derive is None:
+            # The cache layer cannot re-encode images itself (fastload.data does); serving
+            # originals from a spec that asks for transcoding would be a silent surprise.
+            raise ConfigError(
+                f"fastload:: got cache={cache!r} with transcode, which only ImageFolder and "
+                "`fastload cache warm --transcode` apply; pass a cache that transcodes: "
+                "cache=open_cache(spec).deriving(Transcode(**spec['transcode'])) with Transcode "
+                "from fastload.data.transcode, or drop 'transcode' to read the original bytes"
+            )
         self.versions: MutableMapping[str, str] | None = None
 
     @classmethod
@@ -115,6 +127,9 @@ class FastloadCacheFileSystem(ChainedFileSystem):
 @dataclass(frozen=True)
 class CachedReads:
     """A :data:`fastload.io.storage.ReadThrough`: reads of a Storage go through ``cache``.
+
+    Reads return what ``cache`` serves: over a deriving cache (``cache.deriving(...)``, as
+    ``ImageFolder`` builds for ``cache={..., "transcode": ...}``) the derived values.
 
     Example::
 

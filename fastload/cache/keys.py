@@ -9,6 +9,12 @@ new key, and no tier ever has to detect staleness. ``fastload cache warm``,
 share one cache directory. The version is revalidated once per epoch by the loader
 (docs/reliability.md, "Consistency model").
 
+A value *derived* from an object (a transcoded image: NOTE [derived entries] in
+:mod:`fastload.cache.tiered`) is stored under ``"<url>#v=<version>#derived=<tag>"``
+(:func:`derived_key`): the object's own key plus the derivation's tag, which names the
+derivation and all its parameters. A derived entry never collides with the original's, a
+changed object gets new derived keys too, and changed parameters never find old entries.
+
 Tiers never use a key as a path: the disk tier names a file by the key's 128-bit xxh3 hash
 (:func:`digest`), so a hostile object name (``../../etc/passwd``) cannot leave the cache
 directory.
@@ -24,12 +30,23 @@ from __future__ import annotations
 
 import xxhash
 
-__all__ = ["checksum", "digest", "make_key"]
+__all__ = ["checksum", "derived_key", "digest", "make_key"]
 
 
 def make_key(url: str, version: str) -> str:
     """The cache key of ``url`` at ``version`` (see NOTE [cache keys])."""
     return f"{url}#v={version}"
+
+
+def derived_key(key: str, tag: str) -> str:
+    """The key of the value derived by the derivation named ``tag`` from the object at ``key``.
+
+    Example::
+
+        >>> derived_key('s3://b/a.jpg#v=10:"abc"', "transcode:max_side=256:quality=90:v1")
+        's3://b/a.jpg#v=10:"abc"#derived=transcode:max_side=256:quality=90:v1'
+    """
+    return f"{key}#derived={tag}"
 
 
 def digest(key: str) -> str:

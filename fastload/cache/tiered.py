@@ -4,7 +4,8 @@ A read looks in each tier in turn; a hit in a lower tier is written to the tiers
 (promotion). A miss everywhere fetches the object from the origin once: threads of one
 process wait for each other per key, and processes wait on the per-key lock of the widest
 tier that offers one (the disk tier's file lock), then find the object there. Keys carry the
-object's version (NOTE [cache keys]).
+object's version (NOTE [cache keys]). A cache made with :meth:`TieredCache.deriving` caches
+a value derived from each object instead of its bytes (NOTE [derived entries]).
 
 Example::
 
@@ -22,15 +23,16 @@ import logging
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Literal
+from typing import Literal, Protocol
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from fastload.cache.config import CacheConfig
 from fastload.cache.forks import after_fork
-from fastload.cache.keys import make_key
+from fastload.cache.keys import derived_key, make_key
 from fastload.cache.tier import KeyLocking, Tier, TierStats
+from fastload.errors import CacheError
 from fastload.io.errors import storage_errors
 from fastload.io.origin import read_local, read_whole
 from fastload.io.versions import local_version, version_of, version_size
@@ -38,6 +40,34 @@ from fastload.io.versions import local_version, version_of, version_size
 logger = logging.getLogger(__name__)
 
 Outcome = Literal["hit", "fetched", "rejected"]
+
+
+class Derivation(Protocol):
+    """A named bytes -> bytes function whose values a cache stores (NOTE [derived entries]).
+
+    ``tag`` names the function and every parameter that changes its output (it goes into
+    the key); calling it raises ``ValueError`` when the bytes cannot be derived. It must
+    pickle (the cache travels into worker processes).
+    Example: :class:`fastload.data.transcode.Transcode`.
+    """
+
+    @property
+    def tag(self) -> str: ...
+
+    def __call__(self, data: bytes) -> bytes: ...
+
+
+# NOTE [derived entries]
+# A cache made with `TieredCache.deriving(derive)` reads an object from the origin as usual
+# (same version checks), stores `derive(bytes)` under the derived key (keys.derived_key:
+# the object's key plus derive.tag) and serves that; the original bytes are not stored under
+# their own key by such a read. Every other promise holds as for plain entries, because the
+# derived key simply takes the plain key's place: per-key single flight across threads and
+# processes, checksummed entries, budgets and policies, the prefetcher and `cache warm`
+# filling exactly the entries readers look up. Bytes the derivation rejects (ValueError: a
+# corrupt image) are served as they are and not stored at all, so the reader reports them
+# as it would without the derivation (ImageFolder: CorruptSampleError); this process
+# remembers them, so `ensure` (prefetch, warm) does not fetch them again and raises.
 
 
 class TieredCache:
@@ -51,11 +81,20 @@ class TieredCache:
         config: the :class:`CacheConfig` it was built from.
         origin_reads: objects this process fetched from the origin.
         origin_bytes: bytes this process fetched from the origin.
+        derive: the :class:`Derivation` whose values it caches, or None (the bytes).
     """
 
-    def __init__(self, tiers: Sequence[Tier], *, config: CacheConfig | None = None) -> None:
+    def __init__(
+        self,
+        tiers: Sequence[Tier],
+        *,
+        config: CacheConfig | None = None,
+        derive: Derivation | None = None,
+    ) -> None:
         self.tiers = list(tiers)
         self.config = config or CacheConfig(tiers=tuple(self.tiers))
+        self.derive = derive
+        self._underivable: dict[str, str] = {}  # derived key -> why derive rejected its bytes
         lockers = [t for t in self.tiers if isinstance(t, KeyLocking)]
         self._locker: KeyLocking | None = lockers[-1] if lockers else None
         self._mutex = threading.Lock()
@@ -71,10 +110,23 @@ class TieredCache:
         self._inflight = {}
 
     def __reduce__(self):
-        return (_rebuild, (self.tiers, self.config))
+        return (_rebuild, (self.tiers, self.config, self.derive))
 
     def __repr__(self) -> str:
-        return f"TieredCache({self.tiers!r})"
+        derive = "" if self.derive is None else f", derive={self.derive.tag!r}"
+        return f"TieredCache({self.tiers!r}{derive})"
+
+    def deriving(self, derive: Derivation) -> TieredCache:
+        """A cache over the same tiers that caches and serves ``derive(bytes)`` of each object.
+
+        Entries are keyed by the object's key plus ``derive.tag`` (NOTE [derived entries]);
+        this cache is left as it is. Example::
+
+            >>> from fastload.data.transcode import Transcode
+            >>> small = open_cache("/nvme/fastload").deriving(Transcode(max_side=256))
+            >>> small.read(fs, "bucket/train/a.jpg")     # a JPEG at most 256 px a side
+        """
+        return TieredCache(self.tiers, config=self.config, derive=derive)
 
     @property
     def stats(self) -> dict[str, TierStats]:
@@ -82,8 +134,15 @@ class TieredCache:
         return {t.name: t.stats for t in self.tiers}
 
     def key(self, fs: fsspec.AbstractFileSystem, path: str, version: str | None = None) -> str:
-        """The cache key of ``path`` on ``fs``; without ``version`` it asks the origin (``info``)."""
-        return make_key(fs.unstrip_protocol(path), version or self.version(fs, path))
+        """The cache key of ``path`` on ``fs``; without ``version`` it asks the origin (``info``).
+
+        With a derivation, the key of the derived value (NOTE [derived entries]).
+        """
+        return self._key(fs.unstrip_protocol(path), version or self.version(fs, path))
+
+    def _key(self, url: str, version: str) -> str:
+        key = make_key(url, version)
+        return key if self.derive is None else derived_key(key, self.derive.tag)
 
     @staticmethod
     def version(fs: fsspec.AbstractFileSystem, path: str) -> str:
@@ -97,8 +156,9 @@ class TieredCache:
     def read(self, fs: fsspec.AbstractFileSystem, path: str, version: str | None = None) -> bytes:
         """The bytes of ``path``, from the fastest tier that has them, else from the origin.
 
-        A missing object raises :class:`~fastload.errors.ObjectNotFoundError` (a
-        ``FileNotFoundError``) naming its URL.
+        With a derivation: the derived value, or the original bytes where the derivation
+        rejects them (NOTE [derived entries]). A missing object raises
+        :class:`~fastload.errors.ObjectNotFoundError` (a ``FileNotFoundError``) naming its URL.
         """
         version = version or self.version(fs, path)
         key = self.key(fs, path, version)
@@ -122,14 +182,25 @@ class TieredCache:
 
         With ``shared_only`` only tiers other processes see are filled. Returns "hit" (it
         was there), "fetched" (read from the origin and stored) or "rejected" (read, but no
-        tier would store it: full).
+        tier would store it: full). Raises :class:`~fastload.errors.CacheError` when the
+        cache's derivation rejects the object's bytes (nothing is stored for it).
         """
         targets = [t for t in self.tiers if t.shared or not shared_only]
         version = version or self.version(fs, path)
-        if any(t.contains(self.key(fs, path, version)) for t in targets):
-            return "hit"
-        _, outcome = self._fill(fs, path, version, targets)
-        return outcome
+        key = self.key(fs, path, version)
+        if key not in self._underivable:
+            if any(t.contains(key) for t in targets):
+                return "hit"
+            _, outcome = self._fill(fs, path, version, targets)
+            if key not in self._underivable:
+                return outcome
+        assert self.derive is not None
+        raise CacheError(
+            f"cannot cache {fs.unstrip_protocol(path)} as {self.derive.tag}: "
+            f"{self._underivable[key]}. Nothing is stored for it and a read serves its original "
+            "bytes (ImageFolder reports a corrupt image as a corrupt sample); replace or remove "
+            "the object"
+        )
 
     def _fill(
         self, fs: fsspec.AbstractFileSystem, path: str, version: str, targets: list[Tier]
@@ -193,16 +264,42 @@ class TieredCache:
         with self._mutex:
             self.origin_reads += 1
             self.origin_bytes += len(data)
-        key = make_key(url, version)
         # NOTE [fetch-time version check]: bytes are stored only under the version they are.
+        keep: str | None = version
         if read_version is not None and read_version != version:
             self._changed(url, version, f"it is now version {read_version}")
-            key = make_key(url, read_version)
+            keep = read_version
         elif read_version is None and version_size(version) not in (None, len(data)):
             self._changed(url, version, f"{len(data)} bytes were read")
-            return data, "fetched"  # served, not stored: the bytes' own version is unknown
-        stored = self._store(key, data, targets)
+            keep = None  # served, not stored: the bytes' own version is unknown
+        if self.derive is not None:  # NOTE [derived entries]
+            derived = self._derived(url, version, data)
+            if derived is None:
+                return data, "fetched"
+            data = derived
+        if keep is None:
+            return data, "fetched"
+        stored = self._store(self._key(url, keep), data, targets)
         return data, "fetched" if stored or not targets else "rejected"
+
+    def _derived(self, url: str, version: str, data: bytes) -> bytes | None:
+        """``derive(data)``, or None (remembered) when the derivation rejects the bytes."""
+        assert self.derive is not None
+        key = self._key(url, version)
+        if key in self._underivable:  # known to fail: spare the work
+            return None
+        try:
+            return self.derive(data)
+        except ValueError as exc:
+            with self._mutex:
+                first = key not in self._underivable
+                self._underivable[key] = str(exc)
+            if first:
+                logger.info(
+                    "%s: %s rejects its bytes (%s); serving them as they are, not cached",
+                    url, self.derive.tag, exc,
+                )
+            return None
 
     def _changed(self, url: str, version: str, now: str) -> None:
         with self._mutex:
@@ -239,5 +336,7 @@ class TieredCache:
 # but not cached. A same-size rewrite between the listing and the fetch is not detected
 # there (docs/reliability.md says what that means).
 
-def _rebuild(tiers: list[Tier], config: CacheConfig) -> TieredCache:
-    return TieredCache(tiers, config=config)
+def _rebuild(
+    tiers: list[Tier], config: CacheConfig, derive: Derivation | None = None
+) -> TieredCache:
+    return TieredCache(tiers, config=config, derive=derive)

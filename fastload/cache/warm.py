@@ -3,7 +3,10 @@
 ``fastload cache warm`` is a thin layer over :func:`warm`. Warming is resumable: objects
 already cached (a complete entry) are skipped, so a second run after a failure or an
 interrupted one fetches only what is missing. With ``shard=(i, n)`` node ``i`` of ``n``
-warms every n-th object, so n nodes (each with its own disk) split a dataset.
+warms every n-th object, so n nodes (each with its own disk) split a dataset. With
+``derive`` (a transcoded tier: ``derive=Transcode(max_side=256)`` from
+:mod:`fastload.data.transcode`) it fills the derived entries, under the keys the readers of a
+cache with that derivation look up (NOTE [derived entries] in :mod:`fastload.cache.tiered`).
 
 A warm stops early when the origin looks down (NOTE [warm circuit breaker]) and raises
 :class:`~fastload.errors.OriginUnavailableError` with the counts, instead of failing every
@@ -32,7 +35,7 @@ from fastload.io.origin import is_unavailable
 from fastload.io.storage import Storage
 
 if TYPE_CHECKING:
-    from fastload.cache.tiered import TieredCache
+    from fastload.cache.tiered import Derivation, TieredCache
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +128,7 @@ def warm(
     give_up_after: float = GIVE_UP_AFTER_S,
     on_start: Callable[[int, int], None] | None = None,
     on_file: Callable[[str, int, str], None] | None = None,
+    derive: Derivation | None = None,
 ) -> WarmReport:
     """Fetch every object below ``url`` (this shard of them) into the cache's shared tiers.
 
@@ -140,6 +144,9 @@ def warm(
         on_start: called with (objects, bytes) of the shard before fetching.
         on_file: called with (url, bytes, outcome) as each object finishes; outcome is
             "hit", "fetched", "rejected" or "failed".
+        derive: cache this derivation of each object instead of its bytes (the entries a
+            cache with ``transcode`` reads); an object it rejects (a corrupt image) is
+            reported as failed and nothing is stored for it.
 
     Raises:
         OriginUnavailableError: the origin cannot be listed or the breaker tripped; it
@@ -154,6 +161,16 @@ def warm(
         raise ConfigError(f"jobs must be at least 1, got {jobs}")
     if max_failures < 1:
         raise ConfigError(f"max_failures must be at least 1, got {max_failures}")
+    if derive is not None:
+        store = store.deriving(derive)
+    elif store.config.transcode is not None and store.derive is None:
+        # The cache layer cannot re-encode images; warming originals would fill entries
+        # that a transcoding reader never looks up.
+        raise ConfigError(
+            f"cache warm got cache={cache!r} with transcode but no derivation; pass "
+            "derive=Transcode.from_spec(spec['transcode']) (fastload.data.transcode), as "
+            "`fastload cache warm --transcode` does"
+        )
     try:
         breaker = _Breaker(max_failures, give_up_after)
         return _warm(url, store, jobs, shard, storage_options, breaker, on_start, on_file)
