@@ -83,6 +83,16 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
 
 
+# The opt-in for a decode-bound run that more workers cannot fix (docs/cache.md, "Transcoded
+# tier"). A suggestion, not a default: it changes the pixels the model trains on.
+TRANSCODE_HINT = (
+    'opt in to the transcoded cache tier, cache={"disk": ..., "transcode": {"max_side": 256}}: '
+    "it caches each image re-encoded as a JPEG at most max_side pixels on its longer side, so "
+    "later epochs decode fewer pixels. It changes pixels: pick max_side at least the size you "
+    "crop to; `fastload cache warm URL --cache DIR --transcode 256` fills it ahead"
+)
+
+
 def workers_needed(work_s: float, compute_s: float) -> int:
     """Workers that produce one batch per ``compute_s`` when a batch costs ``work_s``."""
     return max(1, math.ceil(work_s / max(compute_s, 1e-6)))
@@ -163,7 +173,10 @@ def _diagnose_work(
     if can_raise and need <= cores:
         return Diagnosis(bottleneck, f"raise num_workers to {need}", evidence)
     if bottleneck == "decode/transform" and gpus:
-        fix = f'use backend="dali": decoding needs {need} workers, this machine has {cores} cores'
+        fix = (
+            f'use backend="dali": decoding needs {need} workers, this machine has {cores} '
+            f"cores; or, to decode fewer pixels, {TRANSCODE_HINT}"
+        )
         return Diagnosis(bottleneck, fix, evidence)
     fix = (
         f"raise num_workers to {cores} (all usable cores); beyond that, decoding needs {need} "
@@ -172,6 +185,8 @@ def _diagnose_work(
         else f"all {cores} usable cores already work; decoding needs {need}: store smaller "
         "images, or use a machine with more cores or a GPU with backend=\"dali\""
     )
+    if bottleneck == "decode/transform":
+        fix += f"; to store smaller images without rewriting the dataset, {TRANSCODE_HINT}"
     return Diagnosis(bottleneck, fix, evidence)
 
 
