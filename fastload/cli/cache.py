@@ -6,6 +6,7 @@ for machines), progress to stderr. Exit status 1 when something failed or is cor
 Example::
 
     fastload cache warm s3://bucket/train --cache /nvme/fastload --jobs 32 --shard 0/4
+    fastload cache warm s3://bucket/train --cache /nvme/fastload --transcode 256 --quality 90
     fastload cache stats /nvme/fastload
     fastload cache verify /nvme/fastload
     fastload cache clear /nvme/fastload
@@ -29,7 +30,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from fastload.cache.config import CacheConfig
+from fastload.cache.config import CacheConfig, transcode_spec
 from fastload.cache.disk import DiskTier
 from fastload.cache.warm import MAX_FAILURES, WarmReport, parse_shard, warm
 from fastload.errors import ConfigError, OriginUnavailableError
@@ -80,24 +81,37 @@ def cache() -> None:
                    "run the same command again to resume.")
 @click.option("-o", "--storage-option", "options", multiple=True, metavar="KEY=VALUE",
               help="An fsspec storage option (JSON values allowed), e.g. -o endpoint_url=http://...")
+@click.option("--transcode", "max_side", default=None, type=int, metavar="MAX_SIDE",
+              help="Fill the transcoded tier instead (changes pixels): images re-encoded as "
+                   "JPEG with the longer side at most MAX_SIDE pixels, the entries an "
+                   "ImageFolder with cache={..., 'transcode': {'max_side': MAX_SIDE}} reads.")
+@click.option("--quality", default=None, type=int,
+              help="JPEG quality of --transcode, 1..95 [default: 90].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def warm_command(url: str, directory: str, jobs: int, shard: str, disk_size: str | None,
                  policy: str, redis: str | None, max_failures: int, options: tuple[str, ...],
-                 as_json: bool) -> None:
+                 max_side: int | None, quality: int | None, as_json: bool) -> None:
     """Fetch every object below URL into the cache; resumable, exits 1 if any failed."""
     try:
         shard_of = parse_shard(shard)
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--shard") from exc
+    transcode = _transcode(max_side, quality)
     config = CacheConfig(disk=directory, disk_size=disk_size, policy=policy, redis=redis,
-                         prefetch=False)
+                         prefetch=False, transcode=transcode)
+    derive = None
+    if transcode is not None:
+        # Imported here: Pillow is needed only for --transcode (command start-up time).
+        from fastload.data.transcode import Transcode
+
+        derive = Transcode.from_spec(transcode)
     console = Console(stderr=True)
     progress = _RichProgress(console) if console.is_terminal else _PlainProgress()
     try:
         with progress:
             report = warm(url, config, jobs=jobs, shard=shard_of, max_failures=max_failures,
                           storage_options=_storage_options(options), on_start=progress.start,
-                          on_file=progress.file)
+                          on_file=progress.file, derive=derive)
     except OriginUnavailableError as exc:
         if as_json and isinstance(exc.report, WarmReport):
             click.echo(json.dumps(_warm_json(exc.report, gave_up=str(exc)), indent=2))
@@ -123,6 +137,26 @@ def warm_command(url: str, directory: str, jobs: int, shard: str, disk_size: str
 
 
 _FAILED_SHOWN = 5  # failures named in the summary; --json has them all
+
+
+def _transcode(max_side: int | None, quality: int | None) -> dict[str, int] | None:
+    """The transcode spec of ``--transcode``/``--quality``, or None; bad values exit 2."""
+    if max_side is None:
+        if quality is not None:
+            raise click.BadParameter("--quality applies to --transcode; add --transcode MAX_SIDE",
+                                     param_hint="--quality")
+        return None
+    spec = {"max_side": max_side}
+    try:
+        transcode_spec(spec, name="transcode")
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--transcode") from exc
+    if quality is not None:
+        spec["quality"] = quality
+    try:
+        return transcode_spec(spec, name="transcode")
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--quality") from exc
 
 
 def _warm_json(report: WarmReport, gave_up: str | None = None) -> dict[str, Any]:

@@ -47,6 +47,7 @@ from fastload.cache.filesystem import CachedReads
 from fastload.data import batchinfo
 from fastload.data.pipeline import ImagePipeline, Normalize
 from fastload.data.sampling import mix_seed
+from fastload.data.transcode import transcoding
 from fastload.errors import (
     CorruptSampleError,
     EmptyDatasetError,
@@ -146,6 +147,9 @@ class ImageFolder(Dataset):
         self.extensions = tuple(e.lower() for e in extensions)
         self._listed_root = isinstance(root, (str, os.PathLike))  # else an explicit file list
         self._cache = open_cache(cache)
+        # cache={..., "transcode": {...}}: reads (and the prefetcher, which fills
+        # self.cache) keep re-encoded images under their own keys (docs/cache.md).
+        self._cache = transcoding(self._cache)
         # One filesystem for reads: with a cache, the fastload:: one over the origin's, keyed
         # by the listing's versions (Storage.versions; NOTE [cache keys]).
         reads = None if self._cache is None else CachedReads(self._cache)
