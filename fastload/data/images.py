@@ -25,7 +25,7 @@ import logging
 import numbers
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -48,7 +48,9 @@ from fastload.data import batchinfo
 from fastload.data.pipeline import ImagePipeline, Normalize
 from fastload.data.sampling import mix_seed
 from fastload.data.transcode import transcoding
+from fastload.data.transforms import CompiledTransform, compile_transform
 from fastload.errors import (
+    ConfigError,
     CorruptSampleError,
     EmptyDatasetError,
     MissingSampleError,
@@ -87,6 +89,20 @@ def _check_root(root: Any) -> None:
             )
 
 
+def _check_transform_alone(pipeline: Any, size: tuple[int, int], train: bool, normalize: Any) -> None:
+    """``transform=`` decides the geometry itself: pipeline/size/train/normalize conflict."""
+    given = ["pipeline"] if pipeline is not None else []
+    given += [name for name, value, default in (
+        ("size", size, (224, 224)), ("train", train, False), ("normalize", normalize, False),
+    ) if value != default]
+    if given:
+        raise ConfigError(
+            f"ImageFolder(transform=..., {', '.join(f'{g}=...' for g in given)}): pass either "
+            f"transform or {'/'.join(given)}, not both. The transform decides the crop, flip and "
+            "normalization; put them in it (T.RandomResizedCrop(224), T.Normalize(...))"
+        )
+
+
 class ImageFolder(Dataset):
     """Images below ``root`` (class-per-folder), or an explicit list of ``(path, label)``.
 
@@ -97,6 +113,14 @@ class ImageFolder(Dataset):
         normalize: True for ImageNet mean/std, a :class:`Normalize`, or False for uint8.
             On a loader with ``device=`` set it runs on that device, batched.
         pipeline: a full :class:`ImagePipeline`, instead of ``size/train/normalize``.
+        transform: the user's own torchvision (v1 or v2) transform, instead of ``pipeline``
+            and ``size/train/normalize``, as torchvision's ImageFolder takes it:
+            ``ImageFolder(root, transform=T.Compose([T.RandomResizedCrop(224),
+            T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(mean, std)]))``. Its leading
+            geometric steps compile into the decode, the rest runs unchanged on the uint8
+            tensor, seeded per sample; a trailing "to float + Normalize" moves to the device
+            with ``DataLoader(device=...)``. ``ds.compiled.notes`` say what went where
+            (docs/transforms.md).
         cache: where bytes are cached: a directory (``"~/.cache/fastload"``), a dict or
             :class:`~fastload.cache.CacheConfig` (memory and disk sizes, policy), or
             ``None`` to read the origin every time. See docs/cache.md.
@@ -120,6 +144,7 @@ class ImageFolder(Dataset):
         train: bool = False,
         normalize: bool | Normalize = False,
         pipeline: ImagePipeline | None = None,
+        transform: Callable[[Any], Any] | None = None,
         cache: Any = None,
         on_error: OnError = "raise",
         seed: int | None = None,
@@ -141,7 +166,14 @@ class ImageFolder(Dataset):
         extensions = check_strings(where, "extensions", extensions, example="('.jpg', '.png')")
         storage_options = check_mapping(where, "storage_options", storage_options)
         _check_root(root)
-        self.pipeline = pipeline or ImagePipeline.standard(size, train=train, normalize=normalize)
+        self.transform = transform  # the user's object, as given
+        self.compiled: CompiledTransform | None = None
+        if transform is not None:
+            _check_transform_alone(pipeline, size, train, normalize)
+            self.compiled = compile_transform(transform)
+            self.pipeline = self.compiled.pipeline
+        else:
+            self.pipeline = pipeline or ImagePipeline.standard(size, train=train, normalize=normalize)
         self.on_error: OnError = on_error
         self.seed = seed
         self.extensions = tuple(e.lower() for e in extensions)
@@ -278,7 +310,8 @@ class ImageFolder(Dataset):
     def __repr__(self) -> str:
         return (
             f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes, "
-            f"steps={[type(s).__name__ for s in self.pipeline.steps]}, on_error={self.on_error!r})"
+            f"steps={[type(s).__name__ for s in self.pipeline.steps]}, on_error={self.on_error!r}"
+            + (f", transform: {'; '.join(self.compiled.notes)})" if self.compiled else ")")
         )
 
     def with_pipeline(self, pipeline: ImagePipeline) -> ImageFolder:
@@ -303,10 +336,12 @@ class ImageFolder(Dataset):
         start = time.perf_counter()
         data = self.read_bytes(index)
         fetched = time.perf_counter()
+        seed = self.sample_seed(index)
         try:
-            image = self.pipeline.run(data, self.sample_seed(index))
+            image = self.pipeline.run(data, seed)
         except DECODE_ERRORS as exc:
             raise self.corrupt(index, exc) from exc
+        image = self.finish(image, seed)  # outside the try: a transform's error is not a corrupt file
         batchinfo.record(fetched - start, time.perf_counter() - fetched, 1)
         return image, label
 
@@ -404,8 +439,28 @@ class ImageFolder(Dataset):
             raise exc
         return batchinfo.FailedBatch(exc)
 
+    def finish(self, image: torch.Tensor, seed: int) -> Any:
+        """The sample from the pipeline's ``image``: the rest of a user ``transform`` applied.
+
+        Every engine calls this after ``pipeline.run(data, seed)`` with the same seed, so they
+        all give the same sample; without a transform (or with one fully compiled) it returns
+        ``image`` unchanged. Safe from several threads (NOTE [one lock for the global
+        generators] in :mod:`fastload.data.transforms`).
+
+        Example::
+
+            >>> image = ds.pipeline.run(ds.read_bytes(3), seed=11)
+            >>> sample = ds.finish(image, seed=11)      # == ds.load(SampleIndex(3, 11))[0]
+        """
+        return image if self.compiled is None else self.compiled.apply_rest(image, seed)
+
     def without_normalize(self) -> tuple[ImageFolder, Normalize | None]:
         """This dataset emitting uint8 images, and the Normalize step it dropped, if any."""
+        if self.compiled is not None and self.compiled.normalize is not None:
+            # A transform's trailing Normalize runs after its rest, not in the pipeline.
+            clone = self.with_pipeline(self.pipeline)
+            clone.compiled, norm = self.compiled.without_normalize()
+            return clone, norm
         norm = self.pipeline.normalize
         if norm is None:
             return self, None

@@ -59,6 +59,12 @@ class EngineSpec:
 
 def _dali_blocker(request: EngineRequest) -> str | None:
     """Why the DALI engine cannot give what torch would for this loader, or None if it can."""
+    compiled = getattr(request.dataset, "compiled", None)  # ImageFolder(transform=...)
+    if compiled is not None and compiled.rest is not None:
+        return (
+            f"the transform's {', '.join(compiled.rest_names)} run on torch tensors; DALI runs "
+            "only the declared steps"
+        )
     from fastload.data.images import ImageFolder
     from fastload.data.pipeline import STEP_TYPES
 
