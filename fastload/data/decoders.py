@@ -255,9 +255,9 @@ class TorchvisionDecoder(Decoder):
 
     def decode(self, data, header, denom, region, out=None):
         _jpeg_only(header)
+        _check(header, denom, region, out)
         if denom != 1:
             raise Unsupported("torchvision decodes JPEGs at full scale only")
-        _check(header, denom, region, out)
         # bytearray: torch.frombuffer warns on read-only buffers such as bytes.
         encoded = self._torch.frombuffer(bytearray(data), dtype=self._torch.uint8)
         try:
