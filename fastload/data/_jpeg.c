@@ -36,6 +36,7 @@
 static PyObject *UnsupportedError;
 
 enum status { OK = 0, JPEG_ERROR, UNSUPPORTED, BAD_ARGUMENT };
+#define BATCH 16 /* rows per jpeg_read_scanlines call */
 
 /* libjpeg reports errors by calling error_exit, which must not return: jump back. */
 struct error_mgr {
@@ -86,9 +87,10 @@ static enum status run(struct job *job, int decode) {
     struct error_mgr err;
     volatile enum status status = OK; /* volatile: set between setjmp and longjmp */
     JDIMENSION xoffset, width;
-    JSAMPARRAY row;
+    JSAMPARRAY scratch;
+    JSAMPROW rows[BATCH];
+    JDIMENSION y, n, got, i;
     size_t skip, stride;
-    unsigned char *dst;
 
     cinfo.err = jpeg_std_error(&err.pub);
     err.pub.error_exit = on_error;
@@ -137,16 +139,23 @@ static enum status run(struct job *job, int decode) {
         jpeg_crop_scanline(&cinfo, &xoffset, &width);
     if (job->y0 > 0 && jpeg_skip_scanlines(&cinfo, (JDIMENSION)job->y0) != (JDIMENSION)job->y0)
         stop(&cinfo, "could not skip to the region's first row");
-    /* One scratch row of the widened width, freed with the decompressor. */
-    row = (*cinfo.mem->alloc_sarray)((j_common_ptr)&cinfo, JPOOL_IMAGE,
-                                     width * 3, 1);
+    /* Full-width regions decode straight into out; narrower ones into scratch rows of the
+     * widened width (freed with the decompressor), whose region columns are copied out. */
     skip = (size_t)(job->x0 - (int)xoffset) * 3;
     stride = (size_t)(job->x1 - job->x0) * 3;
-    dst = job->out;
-    for (int y = job->y0; y < job->y1; y++, dst += stride) {
-        if (jpeg_read_scanlines(&cinfo, row, 1) != 1)
+    scratch = NULL;
+    if (skip != 0 || width * 3 != stride)
+        scratch = (*cinfo.mem->alloc_sarray)((j_common_ptr)&cinfo, JPOOL_IMAGE, width * 3, BATCH);
+    for (y = 0; y < (JDIMENSION)(job->y1 - job->y0); y += got) {
+        n = (JDIMENSION)(job->y1 - job->y0) - y;
+        n = n < BATCH ? n : BATCH;
+        for (i = 0; i < n; i++)
+            rows[i] = scratch ? scratch[i] : job->out + (y + i) * stride;
+        got = jpeg_read_scanlines(&cinfo, rows, n);
+        if (got == 0)
             stop(&cinfo, "the image ended inside the region");
-        memcpy(dst, row[0] + skip, stride);
+        for (i = 0; scratch && i < got; i++)
+            memcpy(job->out + (y + i) * stride, scratch[i] + skip, stride);
     }
 done:
     jpeg_abort_decompress(&cinfo); /* never finish: that errors when lines are left */
