@@ -23,10 +23,12 @@ from tests.contracts.resume import interrupted, same_batches
 
 HAS_DALI = importlib.util.find_spec("nvidia.dali") is not None
 
-# (backend, loader keyword arguments): torch in-process and with worker processes, and DALI.
+# (backend, loader keyword arguments): torch in-process and with worker processes, the
+# threaded engine, and DALI.
 ENGINES = {
     "torch-inline": ("torch", {"num_workers": 0}),
     "torch-workers": ("torch", {"num_workers": 2}),
+    "threads": ("threads", {}),
     "dali": ("dali", {}),
 }
 

@@ -1,0 +1,144 @@
+"""One declared sample, from encoded bytes straight into its slot of a uint8 batch.
+
+The threaded engine (:mod:`fastload.engines.threads`) calls :meth:`Renderer.render` from
+several threads at once. For each sample it
+
+1. reads the header only (:func:`fastload.data.decoders.read_header`),
+2. plans the geometry with the sample's seed (:meth:`ImagePipeline.plan`: the same crop
+   box, output size and flip as the torch and DALI engines, NOTE [one plan, two engines]),
+3. picks the DCT scale (1/2, 1/4, 1/8) when the crop is at least twice the output, by the
+   rule Pillow's draft mode follows on the torch engine (:func:`~fastload.data.decoders.dct_scale`),
+4. decodes only the crop's region at that scale, into a buffer the thread keeps,
+5. resizes it with torch's uint8 antialiased bilinear kernel written straight into the
+   batch's slot, mirrored through an index when the plan flips.
+
+Nothing is allocated per sample but tensor headers: the decoded region lives in a
+per-thread scratch buffer, the resized pixels go into the batch. Every step releases the
+GIL (libjpeg-turbo, torch's kernels), so threads scale with cores.
+
+NOTE [pixels differ from the torch engine]
+The geometry is identical; the pixels are not bit-identical. The torch engine resamples a
+fractional box with Pillow; this path decodes the integer region around the box and resizes
+it with torch's antialiased bilinear kernel (the same filter, rounded differently, and the
+box rounded to whole pixels of the decoded scale). tests/test_threads_engine.py bounds the
+difference and docs/engines.md gives the measured figures.
+
+Example::
+
+    >>> renderer = Renderer(dataset.pipeline, choose(samples).decoder)
+    >>> batch = torch.empty((64, 3, 224, 224), dtype=torch.uint8)
+    >>> renderer.render(data, seed=7, out=batch[0])
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import numpy as np
+import torch
+
+from fastload.data import decoders
+from fastload.data.pipeline import ImagePipeline
+
+_resize_out = getattr(getattr(torch.ops.aten, "_upsample_bilinear2d_aa", None), "out", None)
+
+
+class Renderer:
+    """Decodes and resizes samples of one pipeline into caller-provided uint8 slots.
+
+    Args:
+        pipeline: the dataset's pipeline; its geometry only (Normalize runs on the batch).
+        decoder: the decoder for JPEGs (chosen by measurement, :func:`decoders.choose`);
+            anything it cannot decode goes to Pillow.
+    """
+
+    def __init__(self, pipeline: ImagePipeline, decoder: decoders.Decoder) -> None:
+        self.pipeline = pipeline
+        self.decoder = decoder
+        self.fallback = decoders.DECODERS["pillow"]
+        self.layout = pipeline.layout
+        self._local = threading.local()
+
+    def render(self, data: bytes, seed: int, out: torch.Tensor) -> None:
+        """Write one sample into ``out``, a (3, H, W) or (H, W, 3) uint8 view of a batch.
+
+        Raises what the decoders raise for bytes that do not decode (ValueError, OSError,
+        PIL's errors: fastload.data.images.DECODE_ERRORS), never writing garbage pixels.
+        """
+        header = decoders.read_header(data)
+        plan = self.pipeline.plan(header.width, header.height, random.Random(seed))
+        left, top, right, bottom = plan.box
+        denom = 1
+        if header.format == "JPEG":
+            denom = decoders.dct_scale(right - left, bottom - top, plan.out_w, plan.out_h,
+                                       width=header.width, height=header.height)
+        width, height = decoders.scaled_size(header.width, header.height, denom)
+        fx, fy = width / header.width, height / header.height
+        x0, x1 = _span(left * fx, right * fx, width)
+        y0, y1 = _span(top * fy, bottom * fy, height)
+        region = self._decode(data, header, denom, (x0, y0, x1, y1))
+        self._resize(region, plan.out_w, plan.out_h, plan.flip, out)
+
+    def _decode(
+        self, data: bytes, header: decoders.Header, denom: int, region: tuple[int, int, int, int]
+    ) -> np.ndarray:
+        x0, y0, x1, y1 = region
+        need = (y1 - y0) * (x1 - x0) * 3
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None or scratch.size < need:
+            scratch = np.empty(max(need, 1 << 20), np.uint8)  # grows, once per thread
+            self._local.scratch = scratch
+        buffer = scratch[:need].reshape(y1 - y0, x1 - x0, 3)
+        decoder = self.decoder if header.format == "JPEG" else self.fallback
+        if decoder is self.fallback:
+            return decoder.decode(data, header, denom, region, buffer)
+        try:
+            return decoder.decode(data, header, denom, region, buffer)
+        except (decoders.Unsupported, ValueError, OSError):
+            # CMYK, or a JPEG with a flaw libjpeg only warns about (extraneous bytes), which
+            # the libjpeg-turbo decoders refuse: Pillow decides, as it does on the torch
+            # engine, so both engines agree on which files are corrupt.
+            return self.fallback.decode(data, header, denom, region, buffer)
+
+    def _resize(self, region: np.ndarray, out_w: int, out_h: int, flip: bool, out: torch.Tensor) -> None:
+        # HWC pixels seen as one NCHW image in channels_last order: no copy, and the layout
+        # torch's uint8 antialias kernel is fast on.
+        src = torch.from_numpy(region).permute(2, 0, 1).unsqueeze(0)
+        dst = out.unsqueeze(0) if self.layout == "CHW" else out.permute(2, 0, 1).unsqueeze(0)
+        if flip:
+            target = self._flip_scratch(out_h, out_w)
+        else:
+            target = dst
+        if src.shape[2:] == (out_h, out_w):
+            target.copy_(src)
+        elif _resize_out is not None:
+            _resize_out(src, [out_h, out_w], False, None, None, out=target)
+        else:  # a torch without the out= overload: one allocation more
+            target.copy_(torch.nn.functional.interpolate(
+                src, size=(out_h, out_w), mode="bilinear", antialias=True, align_corners=False,
+            ))
+        if flip:
+            torch.index_select(target, 3, _reversed(self._local, out_w), out=dst)
+
+    def _flip_scratch(self, out_h: int, out_w: int) -> torch.Tensor:
+        scratch = getattr(self._local, "flip", None)
+        if scratch is None or scratch.shape[2:] != (out_h, out_w):
+            scratch = torch.empty((1, 3, out_h, out_w), dtype=torch.uint8)
+            self._local.flip = scratch
+        return scratch
+
+
+def _span(low: float, high: float, limit: int) -> tuple[int, int]:
+    """The whole pixels ``[a, b)`` nearest to ``[low, high)``, inside ``[0, limit)``, never empty."""
+    a = min(max(0, round(low)), limit - 1)
+    b = max(a + 1, min(limit, round(high)))
+    return a, b
+
+
+def _reversed(local: threading.local, width: int) -> torch.Tensor:
+    index = getattr(local, "reverse", None)
+    if index is None or index.numel() != width:
+        index = torch.arange(width - 1, -1, -1)
+        local.reverse = index
+    return index

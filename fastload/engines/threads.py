@@ -1,0 +1,267 @@
+"""The threaded image engine: a declared ImageFolder decoded by threads of the loader's process.
+
+No worker processes, no pickling, no per-sample tensors: a pool of threads reads each
+sample's bytes (through the dataset's storage and cache), decodes only the region its crop
+needs and resizes it straight into a preallocated uint8 batch (pinned when the batch goes
+to a GPU). libjpeg-turbo and torch's kernels release the GIL, so the threads use every
+core (:mod:`fastload.data.render` does the per-sample work).
+
+Example::
+
+    >>> loader = DataLoader(ImageFolder("data/train", size=224, train=True),
+    ...                     batch_size=64, shuffle=True, backend="threads")
+    >>> images, labels = next(iter(loader))      # uint8 (64, 3, 224, 224), int64 (64,)
+    >>> loader.engine.decoder_reason
+    'roi: 1.02 ms/image vs simplejpeg 1.41, pillow 1.58 (8 JPEGs, median)'
+
+NOTE [two pools]
+Reads and pixels run on separate pools. Reads wait (a remote store, a cold cache) and need
+many threads in flight; pixel work needs one thread per core and no more, or the threads
+only take turns. A batch's reads are queued ``AHEAD`` batches before its pixel work, so a
+pixel thread rarely waits for bytes. Each sample's pixel task first waits for its own read.
+
+The order of samples and every augmentation come from the loader's batch plan and the
+per-sample seeds (NOTE [one plan, two engines] in :mod:`fastload.engines.dali`), so this
+engine gives the torch engine's labels, order, crops and flips.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from multiprocessing.pool import AsyncResult, ThreadPool
+
+import torch
+
+from fastload.data import batchinfo, decoders
+from fastload.data.images import DECODE_ERRORS, ImageFolder
+from fastload.data.render import Renderer
+from fastload.engines.base import Engine, EngineContext
+from fastload.errors import SampleError
+
+logger = logging.getLogger(__name__)
+
+READ_THREADS = 8
+"""Reads in flight; they release the GIL while they wait (see NOTE [two pools])."""
+
+AHEAD = 2
+"""Batches read and decoded ahead of the one the loop is consuming."""
+
+PROBE_SAMPLES = 8
+"""JPEGs of the first batch the decoders are measured on, before the epoch decodes them."""
+
+
+class ThreadEngine(Engine):
+    """Runs a declared ImageFolder's epochs on threads (see the module's docstring).
+
+    Args:
+        dataset: the ImageFolder (its pipeline must end in a crop: one output size).
+        batch_sampler: the loader's batch plan, iterated once per epoch.
+        threads: pixel threads (one per usable core is right; see NOTE [two pools]).
+        pin_memory: allocate batches in pinned memory (for a copy to a GPU).
+        decoder: a decoder name of :data:`fastload.data.decoders.DECODERS`; None measures
+            the available ones on the first batch's JPEGs and keeps the fastest.
+    """
+
+    name = "threads"
+
+    @classmethod
+    def build(cls, context: EngineContext) -> ThreadEngine:
+        return cls(
+            context.dataset, context.batch_sampler, threads=context.num_threads,
+            pin_memory=context.pin_memory and torch.cuda.is_available(),
+        )
+
+    def __init__(
+        self,
+        dataset: ImageFolder,
+        batch_sampler: Iterable[list[int]],
+        *,
+        threads: int = 1,
+        pin_memory: bool = False,
+        decoder: str | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.batch_sampler = batch_sampler
+        self.threads = max(1, int(threads))
+        self.pin_memory = pin_memory
+        self.renderer: Renderer | None = None
+        self.decoder_reason = "not chosen yet: measured on the first batch"
+        if decoder is not None:
+            self._use(decoders.DECODERS[decoder], f"{decoder}: requested")
+        self._pools: tuple[ThreadPool, ThreadPool] | None = None
+        self._current: ThreadEpoch | None = None
+        self._setup_s = 0.0
+
+    def _use(self, decoder: decoders.Decoder, reason: str) -> None:
+        self.renderer = Renderer(self.dataset.pipeline, decoder)
+        self.decoder_reason = reason
+        logger.info("threaded engine: %d pixel threads; decoder %s", self.threads, reason)
+
+    def pools(self) -> tuple[ThreadPool, ThreadPool]:
+        """(reads, pixels): daemon threads, so an abandoned epoch never holds the process."""
+        if self._pools is None:
+            self._pools = (ThreadPool(READ_THREADS), ThreadPool(self.threads))
+        return self._pools
+
+    def epoch(self) -> ThreadEpoch:
+        """An iterator over one epoch's batches, each a :class:`batchinfo.Envelope`."""
+        if self._current is not None:
+            self._current.close()
+        self._current = ThreadEpoch(self)
+        return self._current
+
+    def choose_decoder(self, data: list[bytes]) -> None:
+        """Measure the decoders on these encoded samples and keep the fastest."""
+        if self.renderer is not None:
+            return
+        size = self.dataset.pipeline.output_size or (224, 224)
+        try:
+            choice = decoders.choose(data, out_size=size)
+        except Exception as exc:  # no JPEG among them, or every one refused them
+            logger.debug("decoder choice fell back to Pillow: %s", exc)
+            self._use(decoders.DECODERS["pillow"], f"pillow: the measurement did not run ({exc})")
+            return
+        self._use(choice.decoder, choice.reason)
+
+    def close(self) -> None:
+        """Stop the epoch in progress and both thread pools."""
+        if self._current is not None:
+            self._current.close()
+            self._current = None
+        if self._pools is not None:
+            for pool in self._pools:
+                pool.terminate()  # drops what has not started; waits for what runs
+                pool.join()
+            self._pools = None
+
+
+class _Batch:
+    """One batch in flight: its slots, reads and pixel tasks, in sampler order."""
+
+    def __init__(self, indices: list[int], images: torch.Tensor) -> None:
+        self.indices = indices
+        self.images = images
+        self.reads: list[AsyncResult[tuple[bytes, float]]] = []
+        self.pixels: list[AsyncResult[float]] = []
+
+
+class ThreadEpoch(Iterator[batchinfo.Envelope]):
+    """One epoch on threads: envelopes in sampler order; ``len()`` is the batch count."""
+
+    def __init__(self, engine: ThreadEngine) -> None:
+        self._engine = engine
+        self._dataset = engine.dataset
+        self._batches = iter(engine.batch_sampler)
+        self._len = len(engine.batch_sampler)  # type: ignore[arg-type]
+        self._inflight: deque[_Batch] = deque()
+        self._closed = False
+        self._exhausted = False
+        pipeline = self._dataset.pipeline
+        size = pipeline.output_size
+        assert size is not None, "the registry's blocker admits only pipelines that end in a crop"
+        self._shape = (3, *size) if pipeline.layout == "CHW" else (*size, 3)
+        self._norm = pipeline.normalize
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> ThreadEpoch:
+        return self
+
+    def _submit(self) -> None:
+        while not self._exhausted and len(self._inflight) <= AHEAD:
+            try:
+                indices = list(next(self._batches))  # SampleIndex: ints carrying their seeds
+            except StopIteration:
+                self._exhausted = True
+                return
+            reads, pixels = self._engine.pools()
+            images = torch.empty((len(indices), *self._shape), dtype=torch.uint8,
+                                 pin_memory=self._engine.pin_memory)
+            batch = _Batch(indices, images)
+            batch.reads = [reads.apply_async(self._read, (i,)) for i in indices]
+            if self._engine.renderer is None:  # the first batch: measure the decoders on it
+                self._engine.choose_decoder(_probe_bytes(batch.reads))
+            batch.pixels = [
+                pixels.apply_async(self._pixels, (batch, k)) for k in range(len(indices))
+            ]
+            self._inflight.append(batch)
+
+    def _read(self, index: int) -> tuple[bytes, float]:
+        start = time.perf_counter()
+        data = b"" if self._closed else self._dataset.read_bytes(index)
+        return data, time.perf_counter() - start
+
+    def _pixels(self, batch: _Batch, k: int) -> float:
+        data, _ = batch.reads[k].get()
+        if self._closed:
+            return 0.0
+        index = batch.indices[k]
+        start = time.perf_counter()
+        renderer = self._engine.renderer
+        assert renderer is not None
+        try:
+            renderer.render(data, self._dataset.sample_seed(index), batch.images[k])
+        except DECODE_ERRORS as exc:
+            raise self._dataset.corrupt(index, exc) from exc
+        return time.perf_counter() - start
+
+    def __next__(self) -> batchinfo.Envelope:
+        if self._closed:
+            raise StopIteration
+        self._submit()
+        if not self._inflight:
+            self.close()
+            raise StopIteration
+        batch = self._inflight.popleft()
+        self._submit()
+        return self._collect(batch)
+
+    def _collect(self, batch: _Batch) -> batchinfo.Envelope:
+        dataset = self._dataset
+        info = batchinfo.BatchInfo()
+        keep: list[int] = []
+        for k, (read, pixels) in enumerate(zip(batch.reads, batch.pixels)):
+            try:
+                info.decode_s += pixels.get()
+                info.fetch_s += read.get()[1]
+                keep.append(k)
+            except SampleError as exc:  # every read or decode failure of one sample
+                if dataset.on_error == "raise":
+                    self.close()
+                    raise
+                info.skipped.append(dataset.skipped(batch.indices[k], exc))
+        info.samples = len(keep)
+        if not keep:
+            return batchinfo.Envelope(None, info)
+        start = time.perf_counter()
+        images = batch.images
+        if len(keep) < len(batch.indices):
+            images = images[keep]
+        labels = torch.tensor([dataset.samples[int(batch.indices[k])][1] for k in keep], dtype=torch.int64)
+        if self._norm is not None:
+            images = self._norm.apply(images, dataset.pipeline.channel_dim + 1)
+        info.collate_s = time.perf_counter() - start
+        return batchinfo.Envelope([images, labels], info)
+
+    def close(self) -> None:
+        """Drop the batches in flight: their queued tasks return at once."""
+        self._closed = True
+        self._inflight.clear()
+
+    def __del__(self) -> None:
+        self._closed = True
+
+
+def _probe_bytes(reads: list[AsyncResult[tuple[bytes, float]]]) -> list[bytes]:
+    """The first batch's bytes that arrive readable, at most PROBE_SAMPLES of them."""
+    data = []
+    for result in reads[:PROBE_SAMPLES]:
+        try:
+            data.append(result.get()[0])
+        except Exception:  # noqa: BLE001 - a failed sample is reported by its own batch
+            continue
+    return data
