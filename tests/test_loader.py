@@ -70,10 +70,14 @@ def test_workers_do_not_change_the_batches(jpeg_root):
     torch.manual_seed(5)
     multi = batches(DataLoader(ds, batch_size=8, shuffle=True, num_workers=2))
     torch.manual_seed(5)
-    auto = batches(DataLoader(ds, batch_size=8, shuffle=True))
-    for a, b, c in zip(single, multi, auto):
+    auto = batches(DataLoader(ds, batch_size=8, shuffle=True, backend="torch"))
+    torch.manual_seed(5)
+    threads = batches(DataLoader(ds, batch_size=8, shuffle=True))  # auto: a short epoch -> threads
+    for a, b, c, d in zip(single, multi, auto, threads, strict=True):
         assert torch.equal(a[0], b[0]) and torch.equal(a[0], c[0])
-        assert torch.equal(a[1], b[1]) and torch.equal(a[1], c[1])
+        assert torch.equal(a[1], b[1]) and torch.equal(a[1], c[1]) and torch.equal(a[1], d[1])
+        # the same crops and flips; pixels within tests/test_threads_engine.py's bound
+        assert (a[0].float() - d[0].float()).abs().mean() < 4.0
 
 
 def test_other_seed_other_augmentation(jpeg_root):

@@ -35,8 +35,8 @@ from torch.utils.data import Dataset
 from fastload.engines.base import EngineRequest
 from fastload.errors import BackendUnavailable, ConfigError, FastloadError, MissingDependencyError
 
-Backend = Literal["auto", "torch", "dali"]
-BACKENDS: tuple[str, ...] = ("auto", "torch", "dali")
+Backend = Literal["auto", "torch", "threads", "dali"]
+BACKENDS: tuple[str, ...] = ("auto", "torch", "threads", "dali")
 
 
 @dataclass(frozen=True)
@@ -57,14 +57,12 @@ class EngineSpec:
     blocker: Callable[[EngineRequest], str | None] | None = None
 
 
-def _dali_blocker(request: EngineRequest) -> str | None:
-    """Why the DALI engine cannot give what torch would for this loader, or None if it can."""
-    compiled = getattr(request.dataset, "compiled", None)  # ImageFolder(transform=...)
-    if compiled is not None and compiled.rest is not None:
-        return (
-            f"the transform's {', '.join(compiled.rest_names)} run on torch tensors; DALI runs "
-            "only the declared steps"
-        )
+def _declared_blocker(request: EngineRequest) -> str | None:
+    """Why an in-process image engine (threads, DALI) cannot run this loader, or None.
+
+    They run a declared :class:`~fastload.ImageFolder` pipeline with one output size, batched,
+    with fastload's own collation: what torch would give, without torch's workers.
+    """
     from fastload.data.images import ImageFolder
     from fastload.data.pipeline import STEP_TYPES
 
@@ -72,27 +70,59 @@ def _dali_blocker(request: EngineRequest) -> str | None:
     if type(dataset) is not ImageFolder:
         return (
             f"the dataset is a {type(dataset).__name__}, not a declared fastload ImageFolder; "
-            "only declared pipelines compile to DALI"
+            "only declared pipelines run outside torch workers"
         )
     custom = [type(s).__name__ for s in dataset.pipeline.steps if type(s) not in STEP_TYPES]
     if custom:
-        return f"pipeline steps {custom} have no DALI equivalent"
+        return f"pipeline steps {custom} run only on torch workers"
     if dataset.pipeline.output_size is None:
         return (
-            "the pipeline ends without a crop, so images keep their own sizes; DALI batches "
-            "need one size (end the pipeline with CenterCrop or RandomResizedCrop)"
+            "the pipeline ends without a crop, so images keep their own sizes; batches of one "
+            "tensor need one size (end the pipeline with CenterCrop or RandomResizedCrop)"
         )
     if request.collate_fn is not None:
         return "a custom collate_fn runs only on torch workers"
     if request.worker_init_fn is not None:
         return "worker_init_fn runs only in torch worker processes"
     if not request.batched:
-        return "batch_size=None yields single samples; the DALI engine yields batches"
+        return "batch_size=None yields single samples; this engine yields batches"
     return None
+
+
+def _dali_blocker(request: EngineRequest) -> str | None:
+    """Why the DALI engine cannot give what torch would for this loader, or None if it can."""
+    rest = _transform_rest(request)
+    if rest is not None:
+        return f"the transform's {rest} run on torch tensors; DALI runs only the declared steps"
+    return _declared_blocker(request)
+
+
+def _threads_blocker(request: EngineRequest) -> str | None:
+    """Why the threaded engine cannot give what torch would for this loader, or None if it can."""
+    rest = _transform_rest(request)
+    if rest is not None:
+        # NOTE [the rest of a transform stays in workers]: torchvision's random transforms
+        # draw from torch's global generator. Threads of the training process would share it
+        # with the training loop (dropout, sampling) while a sample's seed is set: each
+        # worker process has a generator of its own.
+        return (
+            f"the transform's {rest} draw from torch's global random generator, which "
+            "threads would share with the training loop; they run in torch worker processes"
+        )
+    return _declared_blocker(request)
+
+
+def _transform_rest(request: EngineRequest) -> str | None:
+    """The steps of a user transform that did not compile into the decode, by name, or None."""
+    compiled = getattr(request.dataset, "compiled", None)  # ImageFolder(transform=...)
+    if compiled is None or compiled.rest is None:
+        return None
+    return ", ".join(compiled.rest_names)
 
 
 ENGINES: dict[str, EngineSpec] = {
     "torch": EngineSpec("fastload.engines.torch:TorchEngine"),
+    "threads": EngineSpec("fastload.engines.threads:ThreadEngine", blocker=_threads_blocker),
     "dali": EngineSpec(
         "fastload.engines.dali:DaliEngine",
         "pip install 'fastload[dali]' (nvidia-dali-cuda120; CPU-only DALI works without a GPU)",
@@ -144,10 +174,15 @@ def blocker_of(name: str, request: EngineRequest) -> FastloadError | None:
 
 @dataclass(frozen=True)
 class Choice:
-    """The engine a loader runs on (``name``) and why (``reason``, shown as ``loader.backend_reason``)."""
+    """The engine a loader runs on (``name``) and why (``reason``, shown as ``loader.backend_reason``).
 
-    name: Literal["torch", "dali"]
+    ``name`` is ``"probe"`` when the first epoch measures ``candidates`` on its first batches
+    and keeps the fastest (:mod:`fastload.engines.probe`).
+    """
+
+    name: str
     reason: str
+    candidates: tuple[str, ...] = ()
 
 
 def choose_backend(
@@ -159,17 +194,24 @@ def choose_backend(
     collate_fn: Callable[[list[Any]], Any] | None = None,
     worker_init_fn: Callable[[int], None] | None = None,
     cuda_available: bool | None = None,
+    probe: bool = True,
+    workers_set: bool = False,
 ) -> Choice:
-    """Pick the engine for a loader: ``requested`` is ``"auto"``, ``"torch"`` or ``"dali"``.
+    """Pick the engine for a loader: ``requested`` is ``"auto"`` or an engine's name.
 
-    "auto" picks DALI when nvidia.dali imports, a CUDA GPU is present and the dataset is a
-    declared pipeline DALI can run; otherwise torch. A forced engine that cannot run raises
-    :class:`~fastload.errors.BackendUnavailable` with the reason and the fix.
+    "auto" runs a plain dataset on torch. A declared dataset that the in-process engines
+    can run gets measured: the threaded engine, torch workers and (when nvidia-dali imports)
+    DALI each run a few batches of the first epoch and the fastest is kept (``probe=False``:
+    the threaded engine, without measuring). A forced engine that cannot run raises
+    :class:`~fastload.errors.BackendUnavailable` (or MissingDependencyError) with the fix.
 
     Args:
         batched: whether the loader yields batches (``batch_size`` or ``batch_sampler`` set).
         collate_fn, worker_init_fn: the user's, if any (only torch workers can run them).
         cuda_available: whether a CUDA GPU can be used; None asks torch.
+        probe: measure the candidates at the first epoch (``FASTLOAD_ENGINE_PROBE=0`` turns it off).
+        workers_set: the user set ``num_workers`` (argument or ``FASTLOAD_NUM_WORKERS``):
+            auto then runs torch's workers as asked.
     """
     if requested not in BACKENDS:
         raise ConfigError(
@@ -178,28 +220,38 @@ def choose_backend(
     request = EngineRequest(dataset, device, batched, collate_fn, worker_init_fn, cuda_available)
     if requested == "torch":
         return Choice("torch", "torch: backend='torch' was requested")
-    blocker = blocker_of("dali", request)
-    if requested == "dali":
+    if requested != "auto":
+        blocker = blocker_of(requested, request)
         if blocker is not None:
             raise type(blocker)(
-                f"backend='dali' cannot run this loader: {blocker}. Pass backend='torch' or "
-                "backend='auto' to run it on torch workers."
+                f"backend={requested!r} cannot run this loader: {blocker}. Pass backend='torch' "
+                "or backend='auto' to run it on torch workers."
             )
-        where = "GPU (mixed) decoding" if gpu_decoding(device, cuda_available) else "CPU-only DALI"
-        return Choice("dali", f"dali: backend='dali' was requested; {where}")
+        return Choice(requested, f"{requested}: backend={requested!r} was requested{_where(requested, request)}")
+    blocker = blocker_of("threads", request)
     if blocker is not None:
         return Choice("torch", f"torch: {blocker}")
-    if not _has_cuda(cuda_available):
-        return Choice(
-            "torch",
-            "torch: no CUDA GPU, so DALI would decode on the CPU like torch workers do; "
-            "pass backend='dali' to use CPU-only DALI anyway",
-        )
-    if device is not None and device.type == "cpu":
-        return Choice(
-            "torch", "torch: device='cpu' asks for host batches without the GPU; DALI's gain is GPU decoding"
-        )
-    return Choice("dali", "dali: CUDA GPU and nvidia-dali found; JPEGs decode on the GPU (nvJPEG)")
+    if workers_set:
+        return Choice("torch", "torch: num_workers was set, so torch's workers run as asked "
+                      "(leave it unset, or pass backend='threads', to use the threaded engine)")
+    dali = blocker_of("dali", request) is None
+    if not probe:
+        return Choice("threads", "threads: the probe is off (FASTLOAD_ENGINE_PROBE=0); a declared "
+                      "ImageFolder decodes on threads of this process, no workers to start or feed")
+    candidates = ("threads", "torch", "dali") if dali else ("threads", "torch")
+    return Choice(
+        "probe",
+        f"auto: the first epoch measures {', '.join(candidates)} on its first batches and keeps "
+        "the fastest",
+        candidates,
+    )
+
+
+def _where(name: str, request: EngineRequest) -> str:
+    if name != "dali":
+        return ""
+    gpu = gpu_decoding(request.device, request.cuda_available)
+    return "; GPU (mixed) decoding" if gpu else "; CPU-only DALI"
 
 
 def gpu_decoding(device: torch.device | None, cuda_available: bool | None) -> bool:

@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypeVar
 
@@ -36,6 +37,8 @@ from fastload.data.images import ImageFolder
 from fastload.data.sampling import EpochSampler
 from fastload.device import DeviceFeeder, resolve_device
 from fastload.engines import Backend, Choice, Engine, EngineContext, choose_backend, engine_class
+from fastload.engines.probe import ProbeEngine
+from fastload.engines.threads import ThreadEngine
 from fastload.errors import ConfigError
 from fastload.loader import resume
 from fastload.loader.iterator import LoaderIterator
@@ -63,10 +66,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         meter: the starvation meter (:mod:`fastload.meter`): True (default) attaches a new
             one, a :class:`~fastload.meter.StarvationMeter` is used as given, False turns it
             off (iteration then only counts batches for state_dict() around torch's iterator).
-        backend: the engine, "auto" (default), "torch" or "dali" (:mod:`fastload.engines`):
-            auto runs a declared ImageFolder on DALI when nvidia-dali and a CUDA GPU are
-            present, else on torch workers; a forced "dali" that cannot run raises
-            :class:`~fastload.errors.BackendUnavailable` saying why.
+        backend: the engine, "auto" (default), "torch", "threads" or "dali"
+            (:mod:`fastload.engines`): auto runs a plain dataset on torch workers, and a
+            declared ImageFolder on whichever of threads, torch workers and DALI measured
+            fastest on the first epoch's first batches (:mod:`fastload.engines.probe`;
+            ``FASTLOAD_ENGINE_PROBE=0`` skips the measurement and uses threads); a forced
+            engine that cannot run raises :class:`~fastload.errors.BackendUnavailable` saying why.
 
     Attributes:
         settings: the resolved :class:`~fastload.settings.LoaderSettings` with reasons.
@@ -74,8 +79,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         skipped: samples skipped in the last epoch under ``on_error="skip"``.
         meter: the :class:`~fastload.meter.StarvationMeter`, or None with ``meter=False``;
             ``print(loader.meter.summary())`` says whether the loop waited for data and why.
-        backend: the engine that runs the epochs, "torch" or "dali".
-        backend_reason: why that engine was chosen ("torch: no CUDA GPU, ...").
+        backend: the engine that runs the epochs, "torch", "threads" or "dali"; "auto"
+            until the first epoch's measurement has chosen.
+        backend_reason: why that engine was chosen, with the measured figures.
         engine: the :class:`~fastload.engines.Engine` itself; ``loader.engine.close()``
             stops its workers and threads.
         state: where the loader is (:class:`~fastload.loader.state.LoaderState`).
@@ -113,14 +119,16 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         backend: Backend = "auto",
     ) -> None:
         target = resolve_device(device)
+        settings = resolve_settings(
+            dataset, num_workers=num_workers, pin_memory=pin_memory,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, device=target,
+        )
         # The engine is chosen from what the user passed, before fastload wraps collate_fn.
         choice = choose_backend(
             backend, dataset, device=target, batched=batch_size is not None or batch_sampler is not None,
             collate_fn=collate_fn, worker_init_fn=worker_init_fn,
-        )
-        settings = resolve_settings(
-            dataset, num_workers=num_workers, pin_memory=pin_memory,
-            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, device=target,
+            probe=os.environ.get("FASTLOAD_ENGINE_PROBE", "1") != "0",
+            workers_set=settings.num_workers.source != "auto",
         )
         declared = isinstance(dataset, ImageFolder)
         own_sampler = _epoch_sampler(dataset, sampler, batch_sampler, shuffle, generator, drop_last)
@@ -154,9 +162,26 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._declared = declared
         self._feeder = feeder
         self.meter: StarvationMeter | None = _attach_meter(meter, self, settings, target, feeder)
-        self.backend: str = choice.name
-        self.backend_reason: str = choice.reason
+        self._choice = choice
         self._engine = _build_engine(choice, self, settings, target)
+
+    @property
+    def backend(self) -> str:
+        """The engine that runs the epochs; "auto" while the first epoch is measuring."""
+        engine = self._engine
+        if isinstance(engine, ProbeEngine):
+            return engine.chosen_name or "auto"
+        return self._choice.name
+
+    @property
+    def backend_reason(self) -> str:
+        """Why :attr:`backend` runs the epochs, with the figures it was measured by."""
+        engine = self._engine
+        reason = engine.reason if isinstance(engine, ProbeEngine) and engine.reason else self._choice.reason
+        chosen = engine.chosen if isinstance(engine, ProbeEngine) else engine
+        if isinstance(chosen, ThreadEngine):
+            reason += f"; JPEG decoder {chosen.decoder_reason}"
+        return reason
 
     @property
     def engine(self) -> Engine:
@@ -297,12 +322,15 @@ def _build_engine(
     choice: Choice, loader: DataLoader, settings: LoaderSettings, device: torch.device | None
 ) -> Any:
     """The engine that runs the loader's epochs (:mod:`fastload.engines`)."""
-    return engine_class(choice.name).build(EngineContext(
+    context = EngineContext(
         loader=loader, dataset=loader.dataset, batch_sampler=loader.batch_sampler,
         batch_size=loader.batch_size, device=device, num_threads=settings.num_workers.value,
         pin_memory=settings.pin_memory.value,
         draws_like_torch=settings.persistent_workers.source == "auto",
-    ))
+    )
+    if choice.name == "probe":
+        return ProbeEngine.build(context, choice)
+    return engine_class(choice.name).build(context)
 
 
 def _attach_meter(
