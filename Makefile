@@ -7,9 +7,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# A torch that real GPU users satisfy is in pyproject; when no torch is installed yet, the
-# CPU build (2.13.0, on this machine's disk) keeps set-up fast for the demo and for CI.
-TORCH_BOOTSTRAP ?= torch==2.13.0
+# A torch that real GPU users satisfy is in pyproject; when no torchvision is installed yet,
+# this pair (on this machine's disk; PyPI's torchvision does not pair with the CPU build
+# 2.13.0) is installed first: the benchmarks and tests compare against torchvision's own
+# pipelines and run users' torchvision transforms.
+TORCH_BOOTSTRAP ?= torch==2.14.1 torchvision==0.29.1
 PYTEST_ARGS ?=
 
 .PHONY: demo test setup setup-test system-deps clean
@@ -19,11 +21,11 @@ $(VENV)/bin/python:
 	$(PIP) install --quiet --upgrade pip
 
 setup: $(VENV)/bin/python
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet "$(TORCH_BOOTSTRAP)"
+	$(PY) -c "import torchvision" 2>/dev/null || $(PIP) install --quiet $(TORCH_BOOTSTRAP)
 	$(PIP) install --quiet -e .
 
 setup-test: $(VENV)/bin/python system-deps
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet "$(TORCH_BOOTSTRAP)"
+	$(PY) -c "import torchvision" 2>/dev/null || $(PIP) install --quiet $(TORCH_BOOTSTRAP)
 	$(PIP) install --quiet -e ".[test]"
 
 # Debian packages the tests drive for real: redis-server (shared cache tier) and fio
