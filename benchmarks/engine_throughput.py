@@ -102,16 +102,12 @@ def measure(make: Callable[[], Any], epochs: int) -> dict[str, Any]:
     except (FastloadError, ImportError) as exc:
         return {"status": f"not available: {type(exc).__name__}: {exc}"}
     row: dict[str, Any] = {"status": "ok"}
-    if isinstance(loader, fastload.DataLoader):
-        row.update(
-            backend=loader.backend,
-            backend_reason=loader.backend_reason,
-            workers=loader.settings.num_workers.value,
-        )
-    else:
-        row["workers"] = getattr(loader, "num_workers", None)
+    row["workers"] = getattr(loader, "num_workers", None)
     try:
-        timed_epoch(loader)  # warm-up
+        timed_epoch(loader)  # warm-up (and, for auto, the epoch that measures the engines)
+        if isinstance(loader, fastload.DataLoader):  # what ran, known after the first epoch
+            row.update(backend=loader.backend, backend_reason=loader.backend_reason,
+                       workers=loader.settings.num_workers.value)
         runs = [timed_epoch(loader) for _ in range(epochs)]
     except Exception as exc:  # noqa: BLE001 - the row reports it; the other rows still run
         row["status"] = f"failed: {type(exc).__name__}: {exc}"

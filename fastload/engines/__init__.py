@@ -1,7 +1,8 @@
-"""Engines: what runs a loader's epochs (torch workers, NVIDIA DALI), behind one contract.
+"""Engines: what runs a loader's epochs (torch workers, threads, NVIDIA DALI), behind one contract.
 
 :mod:`fastload.engines.base` states the contract, :mod:`fastload.engines.registry` finds an
-engine by name (importing it only when used) and chooses one for a loader with the reason.
+engine by name (importing it only when used) and chooses one for a loader with the reason;
+:mod:`fastload.engines.probe` measures the candidates on a declared dataset's first epoch.
 """
 
 from fastload.engines.base import Engine, EngineContext, EngineRequest

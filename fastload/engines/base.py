@@ -103,6 +103,12 @@ class Engine(abc.ABC):
         """One epoch's batches (or Envelopes), in the order of the loader's batch plan."""
 
     @property
+    def ahead(self) -> int:
+        """Batches the engine takes from its plan before the loop has received one (its
+        queue: what :mod:`fastload.engines.probe` must not count as measured)."""
+        return 1
+
+    @property
     def reuses_iterator(self) -> bool:
         """Whether the next epoch continues workers kept from the last one (draws no seed)."""
         return False

@@ -164,6 +164,10 @@ class DaliEngine(Engine):
             f"GPU {self.device_id} (mixed)" if self.device_id is not None else "CPU", self.num_threads,
         )
 
+    @property
+    def ahead(self) -> int:
+        return 2 * PIPELINE_DEPTH + 1  # read ahead of DALI, and DALI's own queue
+
     def epoch(self) -> DaliEpoch:
         """An iterator over one epoch's batches, each a :class:`batchinfo.Envelope`."""
         if self._current is not None:

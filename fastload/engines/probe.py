@@ -2,14 +2,16 @@
 
 ``backend="auto"`` on a declared ImageFolder builds a :class:`ProbeEngine` over the engines
 that can run it (threads, torch workers, DALI where it imports). The first epoch hands
-``PROBE_BATCHES`` consecutive batches of its plan to each candidate in turn, times how fast
-each delivers them, and runs the rest of the epoch, and every later one, on the fastest.
+consecutive batches of its plan to each candidate in turn (``PROBE_BATCHES`` plus the
+engine's queue), times how fast each delivers them, and runs the rest of the epoch, and
+every later one, on the fastest.
 The probe's batches are the epoch's own: they are yielded to the loop in plan order, never
 thrown away, so the epoch has exactly the batches, order and augmentations of any engine.
 
 NOTE [timing a candidate]
-An engine asks for batches ahead of the loop (torch: ``prefetch_factor`` per worker; the
-threaded engine: ``AHEAD``). A candidate is timed from its first batch (its start-up, a
+An engine asks for batches ahead of the loop (``Engine.ahead``: torch's
+``prefetch_factor`` per worker, the threaded engine's ``AHEAD``, DALI's queues). A candidate
+gets ``PROBE_BATCHES`` plus that many, and is timed from its first batch (its start-up, a
 worker fork or a pipeline build, is left out: persistent engines pay it once) to the batch
 the loop received when the candidate asked for more than its share. Later batches were
 already made while the candidate was still fed, so counting them would flatter deep queues.
@@ -38,8 +40,12 @@ from fastload.engines.registry import Choice, engine_class
 
 logger = logging.getLogger(__name__)
 
-PROBE_BATCHES = 8
-"""Batches of the first epoch each candidate gets (see NOTE [timing a candidate])."""
+PROBE_BATCHES = 6
+"""Batches of the first epoch each candidate is timed on, beyond its queue (NOTE [timing a
+candidate]); it gets ``PROBE_BATCHES + engine.ahead`` of them."""
+
+TRIAL_PREFETCH = 2
+"""torch's own default ``prefetch_factor``, for the torch candidate's trial loader."""
 
 MIN_COUNTED = 3
 """Batches a candidate must deliver while still fed for its rate to count."""
@@ -121,18 +127,21 @@ class ProbeEngine(Engine):
         context = self._context
         total = len(context.batch_sampler)
         plan = iter(context.batch_sampler)
-        if total < PROBE_BATCHES * (len(self.candidates) + 1):
+        trials = [self._trial_engine(name) for name in self.candidates]
+        quotas = [PROBE_BATCHES + engine.ahead for engine in trials]
+        if total < sum(quotas):
+            self.close()
             name = self.candidates[0]
             self._keep(name, engine_class(name).build(context),
                        f"{name}: the epoch's {total} batches are too few to measure "
-                       f"{len(self.candidates)} engines on {PROBE_BATCHES} each; the in-process "
+                       f"{', '.join(self.candidates)} ({sum(quotas)} needed); the in-process "
                        "engine starts no workers")
             yield from self.chosen.epoch()  # type: ignore[union-attr]
             return
         done = 0
-        for name in self.candidates:
-            gate = Gate(plan, PROBE_BATCHES, total - done)
-            engine = self._trial_engine(name, gate)
+        for name, engine, quota in zip(self.candidates, trials, quotas):
+            gate = Gate(plan, quota, total - done)
+            _retarget(engine, gate)
             measure = Measure(name)
             self.measures.append(measure)
             try:
@@ -142,7 +151,7 @@ class ProbeEngine(Engine):
                 done += gate.given
         best = max(self.measures, key=lambda m: m.rate)
         rest = Gate(plan, None, total - done)
-        engine = self._trial[self.candidates.index(best.name)]
+        engine = trials[self.candidates.index(best.name)]
         self._keep(best.name, self._promote(best.name, engine), self._describe(best, done))
         if best.name == "torch":  # the trial loader finishes this epoch; the loader's own next
             yield from _epoch_of_private_torch(self._context, rest)
@@ -157,11 +166,11 @@ class ProbeEngine(Engine):
                 other.close()
         self._trial.clear()
 
-    def _trial_engine(self, name: str, gate: Gate) -> Engine:
+    def _trial_engine(self, name: str) -> Engine:
         if name == "torch":
-            engine: Engine = _PrivateTorch(self._context, gate)
+            engine: Engine = _PrivateTorch(self._context)
         else:
-            engine = engine_class(name).build(replace(self._context, batch_sampler=gate))
+            engine = engine_class(name).build(self._context)
         self._trial.append(engine)
         return engine
 
@@ -183,7 +192,7 @@ class ProbeEngine(Engine):
         )
         return (
             f"{best.name}: measured {best.rate:.0f} img/s vs {figures} on batches 1-{probed} of "
-            f"the first epoch ({PROBE_BATCHES} each, start-up excluded); kept for this dataset "
+            f"the first epoch (start-up and queued batches excluded); kept for this dataset "
             "and machine"
         )
 
@@ -237,18 +246,21 @@ class _PrivateTorch(Engine):
 
     name = "torch"
 
-    def __init__(self, context: EngineContext, gate: Gate) -> None:
+    def __init__(self, context: EngineContext) -> None:
         self._context = context
-        self._gate = gate
+        self.batch_sampler: Iterable[list[int]] = context.batch_sampler
         self._iterator: Any = None
 
     @classmethod
-    def build(cls, context: EngineContext) -> _PrivateTorch:  # pragma: no cover - never built by name
-        raise NotImplementedError
+    def build(cls, context: EngineContext) -> _PrivateTorch:
+        return cls(context)
+
+    @property
+    def ahead(self) -> int:
+        return max(1, self._context.loader.num_workers) * TRIAL_PREFETCH
 
     def epoch(self) -> Iterator[Any]:
-        loader = _private_loader(self._context, self._gate)
-        self._iterator = iter(loader)
+        self._iterator = iter(_private_loader(self._context, self.batch_sampler))
         return self._iterator
 
     def close(self) -> None:
@@ -264,7 +276,7 @@ def _private_loader(context: EngineContext, batches: Iterable[list[int]]) -> tor
         context.dataset, batch_sampler=batches, num_workers=loader.num_workers,
         collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
         multiprocessing_context=loader.multiprocessing_context,
-        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
+        prefetch_factor=TRIAL_PREFETCH if loader.num_workers > 0 else None,
         timeout=loader.timeout,
     )
 

@@ -6,19 +6,22 @@ and says what to install when it is missing. Today:
 
 * ``"torch"``: torch's own iterator and worker processes (:mod:`fastload.engines.torch`);
   it runs every dataset.
+* ``"threads"``: a declared :class:`~fastload.ImageFolder` decoded by threads of the
+  loader's process straight into uint8 batches (:mod:`fastload.engines.threads`).
 * ``"dali"``: a declared :class:`~fastload.ImageFolder` pipeline compiled to NVIDIA DALI
   (:mod:`fastload.engines.dali`), decoding on the GPU where there is one.
 
 :func:`choose_backend` is the facade's decision: it asks each engine whether it can run the
-loader (its :class:`EngineSpec`'s ``blocker``, then its package) and returns the engine with the reason.
+loader (its :class:`EngineSpec`'s ``blocker``, then its package) and returns the engine with
+the reason, or the candidates the first epoch measures (:mod:`fastload.engines.probe`).
 
 Example::
 
     >>> choice = choose_backend("auto", ImageFolder("data/train", size=224), device=None)
-    >>> choice.name, choice.reason
-    ('torch', 'torch: no CUDA GPU, so DALI would decode on the CPU ...')
-    >>> engine_class("dali")
-    <class 'fastload.engines.dali.DaliEngine'>
+    >>> choice.name, choice.candidates
+    ('probe', ('threads', 'torch', 'dali'))
+    >>> engine_class("threads")
+    <class 'fastload.engines.threads.ThreadEngine'>
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from multiprocessing.pool import AsyncResult, ThreadPool
+from typing import Any
 
 import torch
 
@@ -48,6 +49,10 @@ READ_THREADS = 8
 
 AHEAD = 2
 """Batches read and decoded ahead of the one the loop is consuming."""
+
+CHUNK = 8
+"""Samples per read task and per pixel task: few enough tasks that queueing them costs
+little, enough of them that the threads share a batch evenly."""
 
 PROBE_SAMPLES = 8
 """JPEGs of the first batch the decoders are measured on, before the epoch decodes them."""
@@ -100,6 +105,10 @@ class ThreadEngine(Engine):
         self.decoder_reason = reason
         logger.info("threaded engine: %d pixel threads; decoder %s", self.threads, reason)
 
+    @property
+    def ahead(self) -> int:
+        return AHEAD + 1
+
     def pools(self) -> tuple[ThreadPool, ThreadPool]:
         """(reads, pixels): daemon threads, so an abandoned epoch never holds the process."""
         if self._pools is None:
@@ -139,13 +148,18 @@ class ThreadEngine(Engine):
 
 
 class _Batch:
-    """One batch in flight: its slots, reads and pixel tasks, in sampler order."""
+    """One batch in flight: its slots, and a read and a pixel task per chunk of samples.
+
+    A task's result holds one entry per sample of its chunk: the bytes (reads) or the seconds
+    spent (pixels), or the exception that sample raised, so one bad file fails only itself.
+    """
 
     def __init__(self, indices: list[int], images: torch.Tensor) -> None:
         self.indices = indices
         self.images = images
-        self.reads: list[AsyncResult[tuple[bytes, float]]] = []
-        self.pixels: list[AsyncResult[float]] = []
+        self.chunks = [(a, min(a + CHUNK, len(indices))) for a in range(0, len(indices), CHUNK)]
+        self.reads: list[AsyncResult[list[tuple[Any, float]]]] = []
+        self.pixels: list[AsyncResult[list[tuple[BaseException | None, float]]]] = []
 
 
 class ThreadEpoch(Iterator[batchinfo.Envelope]):
@@ -182,32 +196,45 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
             images = torch.empty((len(indices), *self._shape), dtype=torch.uint8,
                                  pin_memory=self._engine.pin_memory)
             batch = _Batch(indices, images)
-            batch.reads = [reads.apply_async(self._read, (i,)) for i in indices]
+            batch.reads = [reads.apply_async(self._read, (indices[a:b],)) for a, b in batch.chunks]
             if self._engine.renderer is None:  # the first batch: measure the decoders on it
                 self._engine.choose_decoder(_probe_bytes(batch.reads))
             batch.pixels = [
-                pixels.apply_async(self._pixels, (batch, k)) for k in range(len(indices))
+                pixels.apply_async(self._pixels, (batch, c)) for c in range(len(batch.chunks))
             ]
             self._inflight.append(batch)
 
-    def _read(self, index: int) -> tuple[bytes, float]:
-        start = time.perf_counter()
-        data = b"" if self._closed else self._dataset.read_bytes(index)
-        return data, time.perf_counter() - start
+    def _read(self, indices: list[int]) -> list[tuple[Any, float]]:
+        out: list[tuple[Any, float]] = []
+        for index in indices:
+            start = time.perf_counter()
+            try:
+                data: Any = b"" if self._closed else self._dataset.read_bytes(index)
+            except SampleError as exc:  # this sample's failure, reported in its slot
+                data = exc
+            out.append((data, time.perf_counter() - start))
+        return out
 
-    def _pixels(self, batch: _Batch, k: int) -> float:
-        data, _ = batch.reads[k].get()
-        if self._closed:
-            return 0.0
-        index = batch.indices[k]
-        start = time.perf_counter()
+    def _pixels(self, batch: _Batch, chunk: int) -> list[tuple[BaseException | None, float]]:
+        reads = batch.reads[chunk].get()
+        first = batch.chunks[chunk][0]
         renderer = self._engine.renderer
         assert renderer is not None
-        try:
-            renderer.render(data, self._dataset.sample_seed(index), batch.images[k])
-        except DECODE_ERRORS as exc:
-            raise self._dataset.corrupt(index, exc) from exc
-        return time.perf_counter() - start
+        out: list[tuple[BaseException | None, float]] = []
+        for k, (data, _) in enumerate(reads, start=first):
+            if self._closed or isinstance(data, BaseException):
+                out.append((data if isinstance(data, BaseException) else None, 0.0))
+                continue
+            index = batch.indices[k]
+            start = time.perf_counter()
+            error: BaseException | None = None
+            try:
+                renderer.render(data, self._dataset.sample_seed(index), batch.images[k])
+            except DECODE_ERRORS as exc:
+                error = self._dataset.corrupt(index, exc)
+                error.__cause__ = exc
+            out.append((error, time.perf_counter() - start))
+        return out
 
     def __next__(self) -> batchinfo.Envelope:
         if self._closed:
@@ -224,16 +251,17 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
         dataset = self._dataset
         info = batchinfo.BatchInfo()
         keep: list[int] = []
-        for k, (read, pixels) in enumerate(zip(batch.reads, batch.pixels)):
-            try:
-                info.decode_s += pixels.get()
-                info.fetch_s += read.get()[1]
-                keep.append(k)
-            except SampleError as exc:  # every read or decode failure of one sample
-                if dataset.on_error == "raise":
+        for (first, _), reads, pixels in zip(batch.chunks, batch.reads, batch.pixels):
+            for k, ((_, fetch_s), (error, decode_s)) in enumerate(zip(reads.get(), pixels.get()), start=first):
+                info.fetch_s += fetch_s
+                info.decode_s += decode_s
+                if error is None:
+                    keep.append(k)
+                elif isinstance(error, SampleError) and dataset.on_error == "skip":
+                    info.skipped.append(dataset.skipped(batch.indices[k], error))
+                else:  # the first failure in sampler order, as the torch engine raises it
                     self.close()
-                    raise
-                info.skipped.append(dataset.skipped(batch.indices[k], exc))
+                    raise error
         info.samples = len(keep)
         if not keep:
             return batchinfo.Envelope(None, info)
@@ -256,12 +284,11 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
         self._closed = True
 
 
-def _probe_bytes(reads: list[AsyncResult[tuple[bytes, float]]]) -> list[bytes]:
+def _probe_bytes(reads: list[AsyncResult[list[tuple[Any, float]]]]) -> list[bytes]:
     """The first batch's bytes that arrive readable, at most PROBE_SAMPLES of them."""
-    data = []
-    for result in reads[:PROBE_SAMPLES]:
-        try:
-            data.append(result.get()[0])
-        except Exception:  # noqa: BLE001 - a failed sample is reported by its own batch
-            continue
-    return data
+    data: list[bytes] = []
+    for result in reads:
+        data += [d for d, _ in result.get() if isinstance(d, bytes)]
+        if len(data) >= PROBE_SAMPLES:
+            break
+    return data[:PROBE_SAMPLES]
