@@ -15,10 +15,11 @@ Example::
     'roi: 1.02 ms/image vs simplejpeg 1.41, pillow 1.58 (8 JPEGs, median)'
 
 NOTE [two pools]
-Reads and pixels run on separate pools. Reads wait (a remote store, a cold cache) and need
-many threads in flight; pixel work needs one thread per core and no more, or the threads
-only take turns. A batch's reads are queued ``AHEAD`` batches before its pixel work, so a
-pixel thread rarely waits for bytes. Each sample's pixel task first waits for its own read.
+From a remote store, reads and pixels run on separate pools: reads wait and need many
+threads in flight, pixel work needs one thread per core and no more, or the threads only
+take turns. Both are queued chunk by chunk for ``AHEAD`` batches beyond the one the loop
+consumes, so a pixel thread rarely waits for its chunk's bytes. Local files are read by the
+pixel threads themselves (see READ_THREADS).
 
 The order of samples and every augmentation come from the loader's batch plan and the
 per-sample seeds (NOTE [one plan, two engines] in :mod:`fastload.engines.dali`), so this
@@ -29,9 +30,10 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
-from multiprocessing.pool import AsyncResult, ThreadPool
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -45,12 +47,10 @@ from fastload.errors import SampleError
 logger = logging.getLogger(__name__)
 
 READ_THREADS = 8
-"""Reads in flight from a remote store; they release the GIL while they wait (NOTE [two pools])."""
-
-LOCAL_READ_THREADS = 2
-"""Reads in flight from local files: they take microseconds, and every extra Python thread
-competes with the pixel threads for the GIL (8 read threads cost a third of the throughput
-on small images here: 2,076-2,392 img/s with 2, 1,700-1,802 with 8)."""
+"""Reads in flight from a remote store; they release the GIL while they wait (NOTE [two pools]).
+Local files are read by the pixel threads themselves: a read takes microseconds there, and
+every extra Python thread competes with the pixel threads for the GIL (8 read threads cost
+a third of the throughput on small images here: 2,076-2,392 img/s with 2, 1,700-1,802 with 8)."""
 
 AHEAD = 2
 """Batches read and decoded ahead of the one the loop is consuming."""
@@ -101,8 +101,10 @@ class ThreadEngine(Engine):
         self.decoder_reason = "not chosen yet: measured on the first batch"
         if decoder is not None:
             self._use(decoders.DECODERS[decoder], f"{decoder}: requested")
-        self._pools: tuple[ThreadPool, ThreadPool] | None = None
-        self._current: ThreadEpoch | None = None
+        self._pools: tuple[ThreadPoolExecutor | None, ThreadPoolExecutor] | None = None
+        # Weak: an epoch holds its engine, and a cycle would keep an abandoned loader's
+        # threads alive until the cycle collector ran (the threads end when the pools go).
+        self._current: weakref.ref[ThreadEpoch] | None = None
         self._setup_s = 0.0
 
     def _use(self, decoder: decoders.Decoder, reason: str) -> None:
@@ -114,20 +116,21 @@ class ThreadEngine(Engine):
     def ahead(self) -> int:
         return AHEAD + 1
 
-    def pools(self) -> tuple[ThreadPool, ThreadPool]:
-        """(reads, pixels): daemon threads, so an abandoned epoch never holds the process."""
+    def pools(self) -> tuple[ThreadPoolExecutor | None, ThreadPoolExecutor]:
+        """(reads, pixels); reads is None for local files, which the pixel threads read."""
         if self._pools is None:
-            local = self.dataset.storage.is_local
-            self._pools = (ThreadPool(LOCAL_READ_THREADS if local else READ_THREADS),
-                           ThreadPool(self.threads))
+            reads = None
+            if not self.dataset.storage.is_local:
+                reads = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fastload-read")
+            self._pools = (reads, ThreadPoolExecutor(self.threads, thread_name_prefix="fastload-pixels"))
         return self._pools
 
     def epoch(self) -> ThreadEpoch:
         """An iterator over one epoch's batches, each a :class:`batchinfo.Envelope`."""
-        if self._current is not None:
-            self._current.close()
-        self._current = ThreadEpoch(self)
-        return self._current
+        self._close_current()
+        epoch = ThreadEpoch(self)
+        self._current = weakref.ref(epoch)
+        return epoch
 
     def choose_decoder(self, data: list[bytes]) -> None:
         """Measure the decoders on these encoded samples and keep the fastest."""
@@ -142,15 +145,19 @@ class ThreadEngine(Engine):
             return
         self._use(choice.decoder, choice.reason)
 
+    def _close_current(self) -> None:
+        epoch = self._current() if self._current is not None else None
+        if epoch is not None:
+            epoch.close()
+        self._current = None
+
     def close(self) -> None:
         """Stop the epoch in progress and both thread pools."""
-        if self._current is not None:
-            self._current.close()
-            self._current = None
+        self._close_current()
         if self._pools is not None:
             for pool in self._pools:
-                pool.terminate()  # drops what has not started; waits for what runs
-                pool.join()
+                if pool is not None:  # drops what has not started; waits for what runs
+                    pool.shutdown(wait=True, cancel_futures=True)
             self._pools = None
 
 
@@ -165,8 +172,8 @@ class _Batch:
         self.indices = indices
         self.images = images
         self.chunks = [(a, min(a + CHUNK, len(indices))) for a in range(0, len(indices), CHUNK)]
-        self.reads: list[AsyncResult[list[tuple[Any, float]]]] = []
-        self.pixels: list[AsyncResult[list[tuple[BaseException | None, float]]]] = []
+        self.reads: list[Future[list[tuple[Any, float]]]] | None = None  # None: read by pixels
+        self.pixels: list[Future[list[tuple[BaseException | None, float, float]]]] = []
 
 
 class ThreadEpoch(Iterator[batchinfo.Envelope]):
@@ -203,13 +210,20 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
             images = torch.empty((len(indices), *self._shape), dtype=torch.uint8,
                                  pin_memory=self._engine.pin_memory)
             batch = _Batch(indices, images)
-            batch.reads = [reads.apply_async(self._read, (indices[a:b],)) for a, b in batch.chunks]
+            if reads is not None:
+                batch.reads = [reads.submit(self._read, indices[a:b]) for a, b in batch.chunks]
             if self._engine.renderer is None:  # the first batch: measure the decoders on it
-                self._engine.choose_decoder(_probe_bytes(batch.reads))
-            batch.pixels = [
-                pixels.apply_async(self._pixels, (batch, c)) for c in range(len(batch.chunks))
-            ]
+                self._engine.choose_decoder(self._probe_bytes(batch))
+            batch.pixels = [pixels.submit(self._pixels, batch, c) for c in range(len(batch.chunks))]
             self._inflight.append(batch)
+
+    def _probe_bytes(self, batch: _Batch) -> list[bytes]:
+        """The first batch's readable bytes, at most PROBE_SAMPLES of them (decoders' choice)."""
+        if batch.reads is None:
+            reads = self._read(batch.indices[:PROBE_SAMPLES])
+        else:
+            reads = [r for future in batch.reads for r in future.result()]
+        return [d for d, _ in reads if isinstance(d, bytes)][:PROBE_SAMPLES]
 
     def _read(self, indices: list[int]) -> list[tuple[Any, float]]:
         out: list[tuple[Any, float]] = []
@@ -222,15 +236,18 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
             out.append((data, time.perf_counter() - start))
         return out
 
-    def _pixels(self, batch: _Batch, chunk: int) -> list[tuple[BaseException | None, float]]:
-        reads = batch.reads[chunk].get()
-        first = batch.chunks[chunk][0]
+    def _pixels(self, batch: _Batch, chunk: int) -> list[tuple[BaseException | None, float, float]]:
+        first, stop = batch.chunks[chunk]
+        if batch.reads is not None:
+            reads = batch.reads[chunk].result()
+        else:
+            reads = self._read(batch.indices[first:stop])
         renderer = self._engine.renderer
         assert renderer is not None
-        out: list[tuple[BaseException | None, float]] = []
-        for k, (data, _) in enumerate(reads, start=first):
+        out: list[tuple[BaseException | None, float, float]] = []
+        for k, (data, fetch_s) in enumerate(reads, start=first):
             if self._closed or isinstance(data, BaseException):
-                out.append((data if isinstance(data, BaseException) else None, 0.0))
+                out.append((data if isinstance(data, BaseException) else None, fetch_s, 0.0))
                 continue
             index = batch.indices[k]
             start = time.perf_counter()
@@ -240,7 +257,7 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
             except DECODE_ERRORS as exc:
                 error = self._dataset.corrupt(index, exc)
                 error.__cause__ = exc
-            out.append((error, time.perf_counter() - start))
+            out.append((error, fetch_s, time.perf_counter() - start))
         return out
 
     def __next__(self) -> batchinfo.Envelope:
@@ -258,8 +275,8 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
         dataset = self._dataset
         info = batchinfo.BatchInfo()
         keep: list[int] = []
-        for (first, _), reads, pixels in zip(batch.chunks, batch.reads, batch.pixels):
-            for k, ((_, fetch_s), (error, decode_s)) in enumerate(zip(reads.get(), pixels.get()), start=first):
+        for (first, _), pixels in zip(batch.chunks, batch.pixels):
+            for k, (error, fetch_s, decode_s) in enumerate(pixels.result(), start=first):
                 info.fetch_s += fetch_s
                 info.decode_s += decode_s
                 if error is None:
@@ -283,19 +300,12 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
         return batchinfo.Envelope([images, labels], info)
 
     def close(self) -> None:
-        """Drop the batches in flight: their queued tasks return at once."""
+        """Drop the batches in flight: their queued tasks are cancelled or return at once."""
         self._closed = True
+        for batch in self._inflight:
+            for future in (batch.reads or []) + batch.pixels:
+                future.cancel()
         self._inflight.clear()
 
     def __del__(self) -> None:
         self._closed = True
-
-
-def _probe_bytes(reads: list[AsyncResult[list[tuple[Any, float]]]]) -> list[bytes]:
-    """The first batch's bytes that arrive readable, at most PROBE_SAMPLES of them."""
-    data: list[bytes] = []
-    for result in reads:
-        data += [d for d, _ in result.get() if isinstance(d, bytes)]
-        if len(data) >= PROBE_SAMPLES:
-            break
-    return data[:PROBE_SAMPLES]
