@@ -24,12 +24,24 @@ NOTE [auto never changes the batches]
 change results for datasets that draw random numbers from the main process's generator,
 mutate themselves, return samples that cannot be pickled, create CUDA tensors or are not
 safe to fork; persistent workers change results for datasets that change between epochs.
-fastload cannot inspect arbitrary Python for that, so it only uses workers for datasets that
-are *declared* safe: fastload's own datasets (``ImageFolder``), or any dataset whose class
-sets ``fastload_worker_safe = True``. For an ``IterableDataset`` the flag also promises that
-it splits its stream between workers (with ``torch.utils.data.get_worker_info()``), since
-otherwise each worker would yield every sample. Any other dataset keeps torch's defaults,
-and the loader logs one warning per dataset type saying how to opt in.
+
+* Declared datasets: fastload's own (``ImageFolder``) and any whose class sets
+  ``fastload_worker_safe = True`` get workers by the per-core/per-GPU rule, unprobed. For an
+  ``IterableDataset`` the flag also promises that it splits its stream between workers (with
+  ``torch.utils.data.get_worker_info()``), since otherwise each worker would yield every
+  sample; undeclared iterable datasets keep torch's defaults (a probe cannot see duplicates).
+  ``fastload_worker_safe = False`` declares a dataset unsafe: torch's defaults, no probe.
+* Any other map-style dataset is probed (NOTE [the dataset probe] in
+  ``fastload/tuning/probe.py``): a few samples fetched from a copy, the main process's RNG
+  states compared and restored. Workers only when the probe shows they are safe (no
+  mutation, pickles as the start method needs, CPU samples, no fork hazard, no exception)
+  AND worth it (NOTE [workers from measurements] in ``fastload/tuning/workers.py``); else it
+  stays in-process with the reason. A dataset whose samples depend only on the index gets
+  the same batches either way. One that draws from the global RNG runs in workers seeded by
+  torch exactly as torch's own (``num_workers`` from the cores only, so a seed reproduces
+  it). Persistent workers only when the probe saw no mutation and there is no ``set_epoch``.
+  ``FASTLOAD_PROBE=0`` turns the probe off: undeclared datasets then keep torch's defaults,
+  with one warning per dataset type saying how to opt in.
 """
 
 from __future__ import annotations
@@ -46,6 +58,8 @@ from torch.utils.data import ChainDataset, ConcatDataset, Dataset, IterableDatas
 from fastload.errors import ConfigError
 # Re-exported: `fastload.settings.Machine` (and the two probes) keep working.
 from fastload.machine import Machine, local_world_size, usable_cpu_cores  # noqa: F401
+from fastload.tuning import DatasetProbe, choose_workers, probe_dataset, retune_workers, start_method
+from fastload.tuning.workers import MIN_SAMPLE_S, available_memory
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +96,10 @@ class LoaderSettings:
     prefetch_factor: Setting[int | None]
     persistent_workers: Setting[bool]
     machine: Machine = field(repr=False)
+    probe: DatasetProbe | None = field(default=None, repr=False)
+    """What the dataset probe measured (None: declared, explicit or FASTLOAD_PROBE=0)."""
+    worker_limit: int | None = field(default=None, repr=False)
+    """The most workers the probe's numbers allow (cores, memory); re-tuning stays below it."""
 
     def items(self) -> list[tuple[str, Setting[Any]]]:
         return [
@@ -102,6 +120,8 @@ class LoaderSettings:
             f"machine: {m.cpu_cores} usable CPU cores, {m.gpus} CUDA GPUs, "
             f"{m.local_world_size} rank(s) on this node"
         )
+        if self.probe is not None:
+            rows.append(self.probe.summary())
         return "\n".join(rows)
 
 
@@ -210,10 +230,15 @@ def resolve_settings(
     device: torch.device | None = None,
     machine: Machine | None = None,
     warn: bool = True,
+    multiprocessing_context: Any = None,
+    batch_size: int | None = 1,
 ) -> LoaderSettings:
     """Resolve the four tunables for ``dataset`` on ``machine`` (probed when not given).
 
     Explicit values are returned untouched (torch validates them); only "auto" is decided here.
+    An undeclared map-style dataset is probed (NOTE [auto never changes the batches]) for
+    workers started by ``multiprocessing_context`` (the loader's argument; None: the default
+    start method) delivering batches of ``batch_size``.
 
     Example::
 
@@ -223,18 +248,32 @@ def resolve_settings(
     machine = machine or Machine.probe()
     safety = worker_safety(dataset)
     safe, why_safe = safety.safe, safety.reason
+    probe: DatasetProbe | None = None
+    limit: int | None = None
 
     # num_workers
     chosen = _explicit("num_workers", num_workers, int)
     if chosen is not None:
         workers = Setting(chosen[0], chosen[1], "set by the user")
-    elif not safe:
+    elif safe:
+        workers = _auto_workers(machine, why_safe)
+    elif safety.known or isinstance(dataset, IterableDataset) or not probe_enabled():
         if warn and not safety.known:
             _warn_once(dataset, why_safe)
         hint = f"; declare {WORKER_SAFE_ATTR} = True to use workers" if not safety.known else ""
+        if not safety.known and not isinstance(dataset, IterableDataset):
+            hint += " (FASTLOAD_PROBE=0: not probed)"
         workers = Setting(0, "auto", f"torch's default kept: {why_safe}{hint}")
     else:
-        workers = _auto_workers(machine, why_safe)
+        probe = probe_dataset(dataset, context=start_method(multiprocessing_context))
+        choice = choose_workers(
+            probe, cores=machine.cores_per_rank, batch_size=batch_size,
+            available_bytes=available_memory(),
+        )
+        workers, limit = Setting(choice.workers, "auto", choice.reason), choice.limit or None
+        if warn and choice.workers == 0 and probe.blocker and (probe.wall_s or 0) >= MIN_SAMPLE_S:
+            _warn_once(dataset, probe.blocker)  # it would gain from workers, but is not safe
+    probed = probe is not None and workers.value > 0
 
     n = workers.value if isinstance(workers.value, int) else 0
 
@@ -264,6 +303,9 @@ def resolve_settings(
         pin = Setting(False, "auto", "no CUDA device: pinned memory would only cost RAM")
     elif device is not None or safe:
         pin = Setting(True, "auto", "a CUDA device is present: pinned host memory copies async")
+    elif probed:
+        pin = Setting(True, "auto", "a CUDA device is present and the probe saw CPU samples: "
+                      "pinned host memory copies async")
     else:
         pin = Setting(
             False,
@@ -282,12 +324,61 @@ def resolve_settings(
         persist = Setting(False, "auto", "no worker processes")
     elif safe:
         persist = Setting(True, "auto", "declared dataset does not change between epochs")
+    elif probed and probe is not None and probe.rng:
+        persist = Setting(False, "auto", "torch's default kept: it draws from the global RNG, "
+                          "and fresh workers each epoch are seeded as torch's are")
+    elif probed and probe is not None and probe.set_epoch:
+        persist = Setting(False, "auto", "torch's default kept: it has set_epoch, which "
+                          "persistent workers would not see")
+    elif probed:
+        persist = Setting(True, "auto", "the probe saw no mutation: workers keep their copy "
+                          "(and open files) between epochs")
     else:
         persist = Setting(
             False, "auto", "torch's default kept: the dataset may change between epochs"
         )
 
-    return LoaderSettings(workers, pin, prefetch, persist, machine)
+    return LoaderSettings(workers, pin, prefetch, persist, machine, probe, limit)
+
+
+def probe_enabled() -> bool:
+    """Whether undeclared map-style datasets are probed: unless ``FASTLOAD_PROBE=0``."""
+    return os.environ.get("FASTLOAD_PROBE", "1").strip().lower() not in ("0", "false", "no")
+
+
+def retune(
+    settings: LoaderSettings,
+    *,
+    input_bound: bool,
+    workers_busy: float | None,
+    cores: int,
+    cpu_busy: float | None = None,
+) -> Setting[int] | None:
+    """The num_workers for the next epoch, or None to keep it (NOTE [workers from measurements]).
+
+    ``input_bound``: the last epoch's loop waited on input; ``workers_busy``: the share of
+    time the workers spent producing samples (0..1, None if unknown); ``cores``: usable
+    cores now; ``cpu_busy``: the machine's CPU utilisation (0..1) if known. None when the
+    user set num_workers (argument or environment), when the loader runs in-process, or for
+    a dataset drawing from the global RNG (its batches depend on the worker count).
+
+    Example::
+
+        >>> retune(loader.settings, input_bound=True, workers_busy=0.95, cores=8)
+        Setting(value=3, source='auto', reason='3 workers (was 2): ...')
+    """
+    current = settings.num_workers
+    if current.source != "auto" or not isinstance(current.value, int):
+        return None
+    probe = settings.probe
+    if probe is not None and probe.rng:
+        return None
+    limit = settings.worker_limit if settings.worker_limit is not None else max(1, cores)
+    found = retune_workers(
+        current.value, input_bound=input_bound, workers_busy=workers_busy, cores=cores,
+        limit=limit, cpu_busy=cpu_busy,
+    )
+    return None if found is None else Setting(found[0], "auto", found[1])
 
 
 def _ignored(name: str, env_value: Any, value: Any, why: str) -> Setting[Any]:

@@ -1,4 +1,5 @@
-"""Auto settings: resolved from a Machine, explicit values win, unsafe datasets keep torch's defaults."""
+"""Auto settings: resolved from a Machine, explicit values win, unsafe datasets keep torch's defaults
+(undeclared map-style datasets are probed: tests/test_dataset_probe.py)."""
 
 from __future__ import annotations
 
@@ -68,7 +69,8 @@ def test_few_workers_prefetch_more_batches_each():
     assert s.prefetch_factor.value == 4
 
 
-def test_undeclared_dataset_keeps_torch_defaults_and_warns_once(caplog):
+def test_undeclared_dataset_keeps_torch_defaults_and_warns_once_without_the_probe(caplog, monkeypatch):
+    monkeypatch.setenv("FASTLOAD_PROBE", "0")
     fastload.settings._warned_types.discard(Plain)
     with caplog.at_level(logging.WARNING, logger="fastload.settings"):
         s = resolve_settings(Plain(), machine=BIG_GPU_BOX)
@@ -80,6 +82,18 @@ def test_undeclared_dataset_keeps_torch_defaults_and_warns_once(caplog):
     warnings = [r for r in caplog.records if "Plain" in r.getMessage()]
     assert len(warnings) == 1
     assert "fastload_worker_safe" in warnings[0].getMessage()
+    assert s.probe is None and "FASTLOAD_PROBE=0" in s.num_workers.reason
+
+
+def test_undeclared_cheap_dataset_is_probed_and_stays_in_process_quietly(caplog):
+    fastload.settings._warned_types.discard(Plain)
+    with caplog.at_level(logging.WARNING, logger="fastload.settings"):
+        s = resolve_settings(Plain(), machine=BIG_GPU_BOX)
+    assert s.probe is not None and s.probe.usable  # safe, but far too cheap for workers
+    assert s.num_workers.value == 0 and s.num_workers.reason.startswith("in-process:")
+    assert s.prefetch_factor.value is None and s.persistent_workers.value is False
+    assert s.pin_memory.value is False
+    assert not [r for r in caplog.records if "Plain" in r.getMessage()]
 
 
 def test_iterable_dataset_uses_workers_only_if_it_declares_sharding():

@@ -122,6 +122,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         settings = resolve_settings(
             dataset, num_workers=num_workers, pin_memory=pin_memory,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, device=target,
+            multiprocessing_context=multiprocessing_context, batch_size=batch_size,
         )
         # The engine is chosen from what the user passed, before fastload wraps collate_fn.
         choice = choose_backend(
