@@ -148,7 +148,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             pin_memory=settings.pin_memory.value,
             drop_last=drop_last,
             timeout=timeout,
-            worker_init_fn=worker_init_fn,
+            worker_init_fn=StarvationMeter.worker_init(
+                worker_init_fn, settings.num_workers.value, meter, in_order=in_order
+            ),
             multiprocessing_context=multiprocessing_context,
             generator=generator,
             prefetch_factor=settings.prefetch_factor.value,
@@ -360,6 +362,8 @@ def _attach_meter(
         if meter.gpu is None:
             meter.gpu = True
     meter.copy_split = feeder is not None
+    # The workers' own counters (fastload.meter.workers), when torch was given our init.
+    meter.watch_workers(loader.worker_init_fn if meter.num_workers else None)
     return meter
 
 

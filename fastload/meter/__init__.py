@@ -12,20 +12,27 @@ Example::
     >>> print(batches.meter.summary())
 """
 
-from fastload.meter.recorder import MeteredIterator, StarvationMeter, batch_length
-from fastload.meter.report import Diagnosis, Summary, Verdict, WorkerWork, diagnose, verdict_for
+from fastload.meter.diagnosis import diagnose
+from fastload.meter.hotpath import MeteredIterator, batch_length
+from fastload.meter.recorder import StarvationMeter
+from fastload.meter.report import Diagnosis, Summary, Verdict, WorkerStats, WorkerWork, verdict_for
+from fastload.meter.workers import MeasuredWorkerInit, WorkerCounters, measured_worker_init
 from fastload.meter.wrap import Metered, measure
 
 __all__ = [
     "Diagnosis",
+    "MeasuredWorkerInit",
     "Metered",
     "MeteredIterator",
     "StarvationMeter",
     "Summary",
     "Verdict",
+    "WorkerCounters",
+    "WorkerStats",
     "WorkerWork",
     "batch_length",
     "diagnose",
     "measure",
+    "measured_worker_init",
     "verdict_for",
 ]

@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from fastload.meter.report import Diagnosis, Summary, Verdict, WorkerWork, diagnose, verdict_for
+from fastload.meter.diagnosis import diagnose
+from fastload.meter.report import Diagnosis, Summary, Verdict, WorkerStats, WorkerWork, verdict_for
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class Recording:
     ``fetch``/``decode``/``collate`` record belongs to; ``pass_first`` and ``pass_end`` have
     one entry per pass (NOTE [steps and passes]). ``copy`` is None unless the meter splits the
     copy out of the wait; ``gpu_idle`` (batch index -> seconds) is None without CUDA events.
+    ``worker_began``/``worker_done`` (per batch, read back so far, nan where unknown) are when
+    its worker began and finished it, None without measured workers.
 
     Example::
 
@@ -56,6 +59,8 @@ class Recording:
     pass_first: Sequence[int]
     pass_end: Sequence[float]
     gpu_idle: Mapping[int, float] | None
+    worker_began: Sequence[float] | None = None
+    worker_done: Sequence[float] | None = None
 
 
 def batch_table(rec: Recording, lo: int, hi: int) -> dict[str, np.ndarray]:
@@ -105,8 +110,41 @@ def worker_work(rec: Recording) -> WorkerWork | None:
     return WorkerWork(sum(rec.fetch) / n, sum(rec.decode) / n, sum(rec.collate) / n)
 
 
+def wait_split(rec: Recording, steady: np.ndarray) -> tuple[float, float] | None:
+    """Mean (waiting for the worker, receiving after it) per steady batch, seconds.
+
+    NOTE [the wait split]
+    A batch's worker wrote down when it finished the batch (:mod:`.workers`). The part of
+    the loop's wait before that moment was waiting for the workers; the rest, from then
+    (or from the ``next()`` call, if the batch was ready earlier) until ``next()`` returned,
+    was the main process receiving it: torch's queue, unpickling, pinning, fastload's own
+    hand-over. Both clocks are ``perf_counter``, one system-wide monotonic clock. None when
+    fewer than half the steady batches have a known finish.
+    """
+    if rec.worker_done is None:
+        return None
+    n = len(rec.end)
+    done = np.full(n, np.nan)
+    known = np.asarray(rec.worker_done[:n], dtype=np.float64)
+    done[: len(known)] = known
+    start = np.asarray(rec.start[:n], dtype=np.float64)
+    end = np.asarray(rec.end[:n], dtype=np.float64)
+    ok = steady & np.isfinite(done)
+    if not ok.any() or ok.sum() < 0.5 * steady.sum():
+        return None
+    waited = np.clip(done[ok] - start[ok], 0.0, end[ok] - start[ok])
+    return float(waited.mean()), float((end[ok] - start[ok] - waited).mean())
+
+
 def summarize(
-    rec: Recording, *, num_workers: int | None, cores: int, gpus: int, on_device: bool
+    rec: Recording,
+    *,
+    num_workers: int | None,
+    cores: int,
+    gpus: int,
+    on_device: bool,
+    workers: WorkerStats | None = None,
+    workers_note: str | None = None,
 ) -> Summary:
     """The :class:`Summary` of a recording on a machine with ``cores`` and ``gpus``.
 
@@ -151,6 +189,9 @@ def summarize(
     else:
         share = p50 = p95 = wmax = step_mean = compute_mean = 0.0
     judged = idle_share if idle_share is not None else share
+    split = wait_split(rec, steady) if steady.any() else None
+    if workers is None and workers_note is not None:
+        workers = WorkerStats.unmeasured(num_workers or 0, workers_note)
     if steady.any():
         diagnosis = diagnose(
             share=judged,
@@ -162,6 +203,8 @@ def summarize(
             cores=cores,
             gpus=gpus,
             on_device=on_device,
+            workers=workers,
+            receive_s=split[1] if split is not None else None,
         )
     else:
         diagnosis = Diagnosis("none", "measure more batches", "no batch has a complete step yet")
@@ -193,6 +236,9 @@ def summarize(
         ),
         verdict=verdict_for(judged) if steady.any() else Verdict.NOT,
         diagnosis=diagnosis,
+        worker_stats=workers,
+        wait_for_workers_s=split[0] if split is not None else None,
+        receive_s=split[1] if split is not None else None,
     )
 
 
@@ -216,6 +262,7 @@ def batch_records(rec: Recording) -> list[dict[str, Any]]:
         acc[2] += rec.collate[i]
     passes = np.searchsorted(np.array(rec.pass_first), np.arange(n), side="right") - 1
     copy = rec.copy
+    began, done = rec.worker_began, rec.worker_done
     out = []
     for i in range(n):
         step = float(t["step"][i])
@@ -232,5 +279,14 @@ def batch_records(rec: Recording) -> list[dict[str, Any]]:
             "decode_s": fetch_decode_collate[1] if fetch_decode_collate else None,
             "collate_s": fetch_decode_collate[2] if fetch_decode_collate else None,
             "gpu_idle_s": float(idle[i]) if idle is not None and math.isfinite(idle[i]) else None,
+            "worker_began_s": _since(began, i, origin),
+            "worker_done_s": _since(done, i, origin),
         })
     return out
+
+
+def _since(times: Sequence[float] | None, i: int, origin: float) -> float | None:
+    """``times[i] - origin``, None where unknown."""
+    if times is None or i >= len(times) or not math.isfinite(times[i]):
+        return None
+    return float(times[i] - origin)

@@ -40,7 +40,16 @@ def write_json(meter: MeterData, path: str | os.PathLike[str]) -> None:
 
 
 def write_plot(meter: MeterData, path: str | os.PathLike[str]) -> None:
-    """A PNG with the wait (and GPU idle) per batch over time and the wait histogram."""
+    """A PNG of :func:`plot_figure`: step make-up, running wait share, worker busy share."""
+    plt = _pyplot(path)
+    fig = plot_figure(meter, plt)
+    try:
+        fig.savefig(path, format="png", dpi=100)
+    finally:
+        plt.close(fig)
+
+
+def _pyplot(path: Any) -> Any:
     try:
         import matplotlib
 
@@ -51,32 +60,96 @@ def write_plot(meter: MeterData, path: str | os.PathLike[str]) -> None:
             f"meter.plot({os.fspath(path)!r}) needs matplotlib, which is not installed: "
             "pip install 'fastload[plot]'"
         ) from exc
+    return plt
+
+
+def plot_figure(meter: MeterData, plt: Any = None) -> Any:
+    """The meter's picture as a matplotlib Figure with three panels, top to bottom:
+
+    * the step of each batch over time, stacked: the loop's own compute, then the wait
+      (and GPU idle, dotted, where CUDA events measured it);
+    * the waiting share's running value (over a window of batches) against the 5% and 20%
+      bands of the verdict;
+    * the worker processes' busy share over time, from their own begin/end times
+      (:mod:`.workers`), or why it was not measured.
+
+    Example::
+
+        >>> fig = plot_figure(loader.meter)
+        >>> len(fig.axes)
+        3
+    """
+    import numpy as np
+
+    from fastload.meter.report import HIGHLY_INPUT_BOUND, MODERATELY_INPUT_BOUND
+
+    if plt is None:
+        plt = _pyplot("<figure>")
     records = meter.records()
     summary = meter.summary()
-    t = [r["start_s"] for r in records]
-    wait_ms = [r["wait_s"] * 1e3 for r in records]
-    fig, (over_time, histogram) = plt.subplots(1, 2, figsize=(12, 4.5))
-    try:
-        over_time.plot(t, wait_ms, ".", markersize=3, label="host wait")
-        idle = [
-            (r["start_s"], r["gpu_idle_s"] * 1e3) for r in records if r["gpu_idle_s"] is not None
-        ]
+    t = np.array([r["start_s"] for r in records], dtype=np.float64)
+    wait = np.array([r["wait_s"] for r in records], dtype=np.float64)
+    step = np.array(
+        [r["step_s"] if r["step_s"] is not None else r["wait_s"] for r in records], dtype=np.float64
+    )
+    fig, (steps, share, busy) = plt.subplots(3, 1, figsize=(11, 10), sharex=True)
+    if len(records):
+        compute = np.clip(step - wait, 0.0, None)
+        steps.stackplot(t, compute * 1e3, wait * 1e3, labels=["loop (compute)", "waiting for data"],
+                        step="post", alpha=0.8)
+        idle = [(r["start_s"], r["gpu_idle_s"] * 1e3) for r in records if r["gpu_idle_s"] is not None]
         if idle:
-            over_time.plot(*zip(*idle), ".", markersize=3, label="GPU idle")
-        over_time.set_xlabel("time since the first batch (s)")
-        over_time.set_ylabel("ms per batch")
-        over_time.set_title("wait per batch")
-        over_time.legend()
-        histogram.hist(wait_ms, bins=min(50, max(5, len(wait_ms) // 5)))
-        histogram.set_xlabel("host wait (ms)")
-        histogram.set_ylabel("batches")
-        histogram.set_title(
-            f"{summary.verdict.value}: {summary.wait_share:.1%} of step time waiting"
-        )
-        fig.tight_layout()
-        fig.savefig(path, format="png", dpi=100)
-    finally:
-        plt.close(fig)
+            steps.plot(*zip(*idle), ":", color="k", label="GPU idle")
+        window = max(5, min(200, len(records) // 20))
+        kernel = np.ones(window)
+        w_sum = np.convolve(wait, kernel, mode="full")[: len(wait)]
+        s_sum = np.convolve(step, kernel, mode="full")[: len(step)]
+        running = np.divide(w_sum, s_sum, out=np.zeros_like(w_sum), where=s_sum > 0)
+        share.plot(t, running * 100, color="C1", label=f"waiting share, last {window} batches")
+    steps.set_ylabel("ms per batch")
+    steps.set_title(f"step = compute + wait per batch ({summary.verdict.value}, "
+                    f"{summary.wait_share:.1%} waiting)")
+    steps.legend(loc="upper right")
+    share.axhspan(0, MODERATELY_INPUT_BOUND * 100, color="tab:green", alpha=0.12)
+    share.axhspan(MODERATELY_INPUT_BOUND * 100, HIGHLY_INPUT_BOUND * 100, color="tab:orange", alpha=0.12)
+    share.axhspan(HIGHLY_INPUT_BOUND * 100, 100, color="tab:red", alpha=0.08)
+    for band in (MODERATELY_INPUT_BOUND, HIGHLY_INPUT_BOUND):
+        share.axhline(band * 100, color="grey", linestyle="--", linewidth=0.8)
+    share.set_ylim(0, 100)
+    share.set_ylabel("% of step time waiting")
+    share.set_title("waiting share (running), against the 5% and 20% bands")
+    share.legend(loc="upper right")
+    _busy_panel(busy, records, summary, np)
+    busy.set_xlabel("time since the first batch (s)")
+    fig.tight_layout()
+    return fig
+
+
+def _busy_panel(ax: Any, records: list[dict[str, Any]], summary: Any, np: Any) -> None:
+    stats = summary.worker_stats
+    began = np.array([r.get("worker_began_s") for r in records], dtype=np.float64)
+    done = np.array([r.get("worker_done_s") for r in records], dtype=np.float64)
+    ok = np.isfinite(began) & np.isfinite(done)
+    ax.set_ylabel("% of worker time busy")
+    ax.set_ylim(0, 105)
+    if stats is None or stats.busy_share is None or not ok.any():
+        why = stats.note if stats is not None and stats.note else "worker busy share not measured"
+        ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, wrap=True)
+        ax.set_title("worker busy share")
+        return
+    began, done = began[ok], done[ok]
+    edges = np.linspace(began.min(), done.max(), 41)
+    lo, hi = edges[:-1], edges[1:]
+    overlap = np.clip(
+        np.minimum(done[:, None], hi[None, :]) - np.maximum(began[:, None], lo[None, :]), 0.0, None
+    ).sum(axis=0)
+    share = overlap / ((hi - lo) * stats.workers)
+    ax.step(lo, np.minimum(share, 1.0) * 100, where="post", color="C2",
+            label=f"{stats.workers} workers")
+    ax.axhline(stats.busy_share * 100, color="C2", linestyle="--", linewidth=0.8,
+               label=f"steady state {stats.busy_share:.0%}")
+    ax.set_title("worker busy share (time inside dataset access and collate)")
+    ax.legend(loc="lower right")
 
 
 def open_summary_writer(log_dir: str | os.PathLike[str]) -> Any:

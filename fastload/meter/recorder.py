@@ -1,4 +1,7 @@
-"""The starvation meter's recording side: the per-batch hot path and the meter's API.
+"""The starvation meter's recording side: the meter's columns and its API.
+
+The per-batch code itself is :class:`~.hotpath.MeteredIterator`; it appends to the columns
+held here.
 
 Every :class:`fastload.DataLoader` carries one (``loader.meter``); :func:`~.wrap.measure`
 puts the same meter around any other iterable of batches (a stock torch DataLoader, a DALI
@@ -17,7 +20,10 @@ locks, no formatting on the hot path):
 * **worker work**: fetch / decode / collate seconds measured inside the workers and carried
   back with the batch (declared datasets; NOTE [worker-seconds] in :mod:`.report`);
 * **GPU idle**: from CUDA events on the consuming stream, read back lazily
-  (NOTE [GPU idle from two events] in :mod:`.cuda`).
+  (NOTE [GPU idle from two events] in :mod:`.cuda`);
+* **worker begin/end**: for any dataset on a fastload DataLoader's worker processes, read
+  back from the workers' shared counters once per pass and when a summary is asked for, never
+  per batch (:mod:`.workers`).
 
 Example::
 
@@ -30,83 +36,33 @@ Example::
 
 from __future__ import annotations
 
-import collections.abc
 import logging
 import math
-import operator
-import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from fastload.errors import ConfigError
 from fastload.meter.analysis import Recording, batch_records, summarize
 from fastload.meter.cuda import CudaIdleProbe
 from fastload.meter.export import as_summary_writer, write_json, write_plot, write_tensorboard
+from fastload.meter.hotpath import MeteredIterator
 from fastload.meter.periodic import report_window
-from fastload.meter.report import Summary
+from fastload.meter.report import Summary, WorkerStats
+from fastload.meter.workers import (
+    MeasuredWorkerInit,
+    WorkerCounters,
+    activity,
+    measured_worker_init,
+)
 
 if TYPE_CHECKING:
     from fastload.machine import Machine
 
 logger = logging.getLogger(__name__)
-
-_perf = time.perf_counter
-
-
-def batch_length(batch: Any) -> int:
-    """Samples in a collated batch: the first dimension of its first tensor (1 if none).
-
-    Walks into the first element of tuples/lists and the first value of dicts, so
-    ``(images, labels)``, ``{"image": ...}`` and DALI's ``[{"data": ...}]`` all count right;
-    a list of plain values (collated strings) counts its length.
-    """
-    return _walk(batch)[0]
-
-
-def _walk(batch: Any) -> tuple[int, list[Any], type | None]:
-    """The sample count, the path of keys/indices to the counted tensor, and its type."""
-    path: list[Any] = []
-    while True:
-        if isinstance(batch, torch.Tensor):
-            if batch.is_nested:  # a strided nested tensor has no .shape; keep off the fast path
-                return int(batch.size(0)), path, None
-            return (int(batch.shape[0]) if batch.dim() else 1), path, type(batch)
-        if isinstance(batch, (list, tuple)):
-            if not batch:
-                return 0, path, None
-            head = batch[0]
-            if not isinstance(head, (torch.Tensor, list, tuple, collections.abc.Mapping)):
-                return len(batch), path, None
-            path.append(0)
-        elif isinstance(batch, collections.abc.Mapping):
-            if not batch:
-                return 0, path, None
-            key = next(iter(batch))
-            path.append(key)
-            head = batch[key]
-        else:
-            return 1, path, None
-        batch = head
-
-
-def _getter(path: list[Any]) -> Callable[[Any], Any] | None:
-    """A C-speed function following ``path`` (indices/keys) into a batch; None for []."""
-    if not path:
-        return None
-    if len(path) == 1:
-        return operator.itemgetter(path[0])
-    steps = [operator.itemgetter(step) for step in path]
-
-    def follow(batch: Any) -> Any:
-        for step in steps:
-            batch = step(batch)
-        return batch
-
-    return follow
-
 
 class StarvationMeter:
     """Measures, per batch, how long a training loop waits for its input, and diagnoses why.
@@ -154,8 +110,24 @@ class StarvationMeter:
         self.machine = machine
         self.batch_size = batch_size
         self.on_device = False
+        # Worker processes' own counters (NOTE [timing the worker's fetcher] in .workers), set
+        # by a fastload DataLoader with workers; workers_note says why not when they are None.
+        self.workers: WorkerCounters | None = None
+        self.workers_note: str | None = None
         self._tensorboard = as_summary_writer(tensorboard) if tensorboard is not None else None
         self.reset()
+
+    worker_init = staticmethod(measured_worker_init)
+    """The ``worker_init_fn`` a fastload DataLoader gives torch (:mod:`.workers`)."""
+
+    def watch_workers(self, worker_init_fn: Any) -> None:
+        """Read the workers' counters of the loader torch was given ``worker_init_fn`` for.
+
+        A :class:`~.workers.MeasuredWorkerInit` (:meth:`worker_init`) brings its counters;
+        anything else (None, the user's own function) means the workers are not measured.
+        """
+        init = worker_init_fn if isinstance(worker_init_fn, MeasuredWorkerInit) else None
+        self.workers = init.counters if init is not None else None
 
     def reset(self) -> None:
         """Forget every measurement (the settings stay)."""
@@ -171,6 +143,12 @@ class StarvationMeter:
             self._fetch = array("d")
             self._decode = array("d")
             self._collate = array("d")
+            self._wbegan = array("d")  # per batch: when its worker began it (nan: unknown)
+            self._wdone = array("d")  # per batch: when its worker finished it
+        self._harvested = 0  # batches whose worker times were read back
+        # per pass: [counters at open, at close or None, opened at its iterator's first batch]
+        self._wpass: list[list[Any]] = []
+        self._fresh = False  # the next pass opens at the first batch of its iterator
         self._pass_first: list[int] = []  # batch index of each pass's first batch
         self._pass_end: list[float] = []  # perf_counter of the next() that ended it, or nan
         self._open = False  # a pass has delivered its first batch and not ended
@@ -181,7 +159,7 @@ class StarvationMeter:
 
     def _columns(self) -> list[array]:
         return [self._start, self._end, self._samples, self._copy, self._work_at,
-                self._fetch, self._decode, self._collate]
+                self._fetch, self._decode, self._collate, self._wbegan, self._wdone]
 
     # -- hot path -----------------------------------------------------------------------
 
@@ -227,11 +205,48 @@ class StarvationMeter:
         self._pass_first.append(len(self._end))
         self._pass_end.append(math.nan)
         self._open = True
+        if self.workers is not None:  # once per pass: a few shared doubles
+            # A pass opened after reset() mid-iterator does not start at the epoch's batch 0.
+            self._wpass.append([self.workers.totals(), None, self._fresh])
+        self._fresh = False
 
     def _close_pass(self, t: float) -> None:
         self._pass_end[-1] = t
         self._open = False
         self._upstream = 0.0
+        if self.workers is not None and self._wpass:
+            self._wpass[-1][1] = self.workers.totals()
+            self._harvest()
+
+    def _harvest(self) -> None:
+        """Read back the worker begin/end times of the batches delivered since the last call."""
+        n, lo = len(self._end), self._harvested
+        if lo >= n:
+            return
+        nan = np.full(n - lo, math.nan)
+        began, done = nan, nan.copy()
+        c = self.workers
+        if c is not None and c.in_order and len(self._wpass) == len(self._pass_first):
+            idx = np.arange(lo, n)
+            firsts = np.asarray(self._pass_first, dtype=np.int64)
+            p = np.searchsorted(firsts, idx, side="right") - 1
+            # With device="cuda" the feeder pulls one batch ahead (docs/meter.md, Limits): the
+            # wait of handed-out batch k was for torch's batch k + 1.
+            ahead = 1 if self.on_device and self.copy_split else 0
+            b, d, _ = c.batch_times(idx - firsts[p] + ahead)
+            end = np.asarray(self._end[lo:n], dtype=np.float64)
+            fresh = np.array([w[2] for w in self._wpass], dtype=bool)[p]
+            ok = fresh & (d <= end)  # made before it was delivered: this pass's batch
+            began, done = np.where(ok, b, nan), np.where(ok, d, nan)
+        self._wbegan.extend(began.tolist())
+        self._wdone.extend(done.tolist())
+        self._harvested = n
+
+    def worker_stats(self) -> WorkerStats | None:
+        """The workers' busy share and its make-up over the passes (None: not measured)."""
+        if self.workers is None:
+            return None
+        return activity(self.workers, self._wpass, self._end[-1] if self._end else 0.0)
 
     # -- reading it back (none of this runs per batch) ------------------------------------
 
@@ -249,6 +264,8 @@ class StarvationMeter:
             >>> rec.end[-1] - rec.start[-1]   # the last batch's wait, seconds
             0.0021
         """
+        if self.workers is not None:
+            self._harvest()
         return Recording(
             start=self._start,
             end=self._end,
@@ -261,6 +278,8 @@ class StarvationMeter:
             pass_first=self._pass_first,
             pass_end=self._pass_end,
             gpu_idle=self._probe.idle_s if self._probe is not None else None,
+            worker_began=self._wbegan if self.workers is not None else None,
+            worker_done=self._wdone if self.workers is not None else None,
         )
 
     def summary(self) -> Summary:
@@ -278,6 +297,8 @@ class StarvationMeter:
             machine = self.machine
         return summarize(
             self.recording(),
+            workers=self.worker_stats(),
+            workers_note=self._workers_note(),
             num_workers=self.num_workers,
             cores=machine.cores_per_rank,
             gpus=machine.gpus,
@@ -289,6 +310,18 @@ class StarvationMeter:
         if self._probe is not None:
             self._probe.flush()
         return batch_records(self.recording())
+
+    def _workers_note(self) -> str | None:
+        if self.workers is not None:
+            return None
+        if self.workers_note is not None:
+            return self.workers_note
+        if self.num_workers == 0:
+            return "no worker processes (num_workers=0): batches are made inside next()"
+        return (
+            "worker busy share not measured: the workers were not started by a "
+            "fastload.DataLoader (measure() leaves a loader's workers as they are)"
+        )
 
     def _report_period(self) -> None:
         n = len(self._end)
@@ -313,74 +346,3 @@ class StarvationMeter:
 
     def __repr__(self) -> str:
         return f"StarvationMeter({len(self._end)} batches, log_every={self.log_every})"
-
-
-
-
-class MeteredIterator(Iterator[Any]):
-    """One pass of a meter over an iterator: yields exactly what the iterator yields.
-
-    Written as a class, not a generator, so an exception from the iterator leaves it usable
-    just as the iterator itself is (torch's iterators can be resumed after a worker error).
-    The hot path binds the meter's column appends once per pass and touches nothing else
-    unless a copy split, CUDA events or periodic logging are on.
-    """
-
-    __slots__ = ("_meter", "_next", "_probe", "_extra", "_fixed", "_get", "_kind",
-                 "_add_start", "_add_end", "_add_samples")
-
-    def __init__(self, meter: StarvationMeter, iterator: Iterator[Any]) -> None:
-        self._meter = meter
-        self._next = iterator.__next__
-        meter._open = False  # a new pass: its first batch opens it
-        self._probe = meter._probe
-        self._extra = meter.copy_split or meter._probe is not None or meter.log_every is not None
-        self._fixed = meter.batch_size
-        self._get: Callable[[Any], Any] | None = None  # batch -> the tensor to count
-        self._kind: type | None = None
-        self._add_start = meter._start.append
-        self._add_end = meter._end.append
-        self._add_samples = meter._samples.append
-
-    def __iter__(self) -> MeteredIterator:
-        return self
-
-    def __next__(self) -> Any:
-        probe = self._probe
-        if probe is not None:
-            probe.before()
-        t0 = _perf()
-        try:
-            batch = self._next()
-        except StopIteration:
-            if probe is not None:
-                probe.cancel()
-            if self._meter._open:
-                self._meter._close_pass(t0)
-            raise
-        t1 = _perf()
-        if not self._meter._open:
-            self._meter._open_pass()
-        self._add_start(t0)
-        self._add_end(t1)
-        # NOTE [fast sample count]: isinstance() against torch.Tensor or Mapping costs about a
-        # microsecond, so the walk of batch_length() runs once per structure; later batches
-        # follow the remembered path to the counted tensor and check only its exact type.
-        if self._fixed:
-            self._add_samples(self._fixed)
-        else:
-            get = self._get
-            try:
-                node = batch if get is None else get(batch)
-            except (LookupError, TypeError):
-                node = None
-            if type(node) is self._kind:
-                shape = node.shape
-                self._add_samples(shape[0] if shape else 1)
-            else:
-                count, path, self._kind = _walk(batch)
-                self._get = _getter(path)
-                self._add_samples(count)
-        if self._extra:
-            self._meter._after_batch(t0, t1)
-        return batch

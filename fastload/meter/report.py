@@ -1,4 +1,4 @@
-"""The meter's verdict and diagnosis: pure functions of measured numbers, and the summary.
+"""The meter's verdict bands, the numbers a diagnosis reads, and the summary.
 
 NOTE [verdict bands]
 The bands are those of the TensorFlow profiler's input-pipeline analyzer: a loop that spends
@@ -13,22 +13,17 @@ Fetch, decode and collate times come from inside the workers and are *summed ove
 samples*: work, not wall time. ``W`` workers run in parallel, so a pipeline whose batches cost
 ``work`` worker-seconds delivers one batch per ``work / W`` seconds at best, and keeping up
 with a loop that computes for ``compute`` seconds per batch takes ``ceil(work / compute)``
-workers. Every recommendation below is derived from those measured numbers, which the
-summary prints next to it.
+workers. Every recommendation (:mod:`.diagnosis`) is derived from those measured numbers,
+which the summary prints next to it.
 
 Example::
 
     >>> verdict_for(0.31)
     <Verdict.HIGHLY: 'highly input-bound'>
-    >>> diagnose(share=0.6, wait_s=0.030, step_s=0.050, copy_s=None,
-    ...          work=WorkerWork(fetch_s=0.002, decode_s=0.118, collate_s=0.001),
-    ...          num_workers=2, cores=16, gpus=1).fix
-    'raise num_workers to 6: ...'
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
@@ -36,8 +31,22 @@ from typing import Any
 HIGHLY_INPUT_BOUND = 0.20
 MODERATELY_INPUT_BOUND = 0.05
 
-BOTTLENECKS = ("storage fetch", "decode/transform", "collate/copy", "loader", "none")
-"""What :func:`diagnose` can name; "loader" when the dataset does not split its time."""
+BOTTLENECKS = (
+    "workers",
+    "storage fetch",
+    "decode/transform",
+    "collate",
+    "main process",
+    "host-to-device copy",
+    "loader",
+    "none",
+)
+"""What :func:`~.diagnosis.diagnose` can name (NOTE [what the diagnosis tells apart])."""
+
+SATURATED = 0.6
+"""Worker busy share from which the workers, not the main process, hold the loop up."""
+IO_BOUND_CPU = 0.3
+"""Below this share of CPU time inside their busy time, busy workers wait on storage."""
 
 
 class Verdict(str, Enum):
@@ -71,6 +80,30 @@ class WorkerWork:
 
 
 @dataclass(frozen=True)
+class WorkerStats:
+    """What the worker processes' own counters say (:mod:`.workers`), over the steady state.
+
+    ``busy_share`` is busy seconds / (wall seconds x workers); ``busy_per_batch_s`` the
+    worker-seconds one batch took (dataset access and collate); ``cpu_share`` and
+    ``collate_share`` the parts of the busy time spent on the CPU and in ``collate_fn``.
+    All None, with ``note`` saying why, when the workers were not measured.
+    """
+
+    workers: int
+    reporting: int
+    batches: int
+    busy_share: float | None
+    busy_per_batch_s: float | None
+    cpu_share: float | None
+    collate_share: float | None
+    note: str | None
+
+    @classmethod
+    def unmeasured(cls, workers: int, note: str) -> WorkerStats:
+        return cls(workers, 0, 0, None, None, None, None, note)
+
+
+@dataclass(frozen=True)
 class Diagnosis:
     """The most likely bottleneck, the fix in fastload's terms, and the numbers behind both."""
 
@@ -81,148 +114,6 @@ class Diagnosis:
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
-
-
-# The opt-in for a decode-bound run that more workers cannot fix (docs/cache.md, "Transcoded
-# tier"). A suggestion, not a default: it changes the pixels the model trains on.
-TRANSCODE_HINT = (
-    'opt in to the transcoded cache tier, cache={"disk": ..., "transcode": {"max_side": 256}}: '
-    "it caches each image re-encoded as a JPEG at most max_side pixels on its longer side, so "
-    "later epochs decode fewer pixels. It changes pixels: pick max_side at least the size you "
-    "crop to; `fastload cache warm URL --cache DIR --transcode 256` fills it ahead"
-)
-
-
-def workers_needed(work_s: float, compute_s: float) -> int:
-    """Workers that produce one batch per ``compute_s`` when a batch costs ``work_s``."""
-    return max(1, math.ceil(work_s / max(compute_s, 1e-6)))
-
-
-def diagnose(
-    *,
-    share: float,
-    wait_s: float,
-    step_s: float,
-    copy_s: float | None,
-    work: WorkerWork | None,
-    num_workers: int | None,
-    cores: int,
-    gpus: int,
-    on_device: bool = False,
-) -> Diagnosis:
-    """Name the bottleneck and the fix from per-batch means (seconds) and the machine.
-
-    Args:
-        share: fraction of step time spent waiting (host wait, or GPU idle when measured).
-        wait_s: mean host wait per batch; step_s: mean step (wait + the loop's own work).
-        copy_s: mean host time of the host-to-device copy inside the wait, None if unknown.
-        work: mean worker-seconds per batch by phase, None if the dataset reports none.
-        num_workers: the loader's workers (0 = main process), None if unknown.
-        cores: usable CPU cores; gpus: CUDA devices; on_device: batches already go to a GPU.
-    """
-    verdict = verdict_for(share)
-    compute_s = max(0.0, step_s - wait_s)
-    if verdict is Verdict.NOT:
-        return Diagnosis(
-            "none",
-            "none: the input pipeline keeps up",
-            f"waiting {share:.1%} of a {_ms(step_s)} step is below the "
-            f"{MODERATELY_INPUT_BOUND:.0%} band",
-        )
-    if copy_s is not None and copy_s >= 0.5 * wait_s:
-        fix = (
-            "keep images uint8 and normalize on the device (ImageFolder(normalize=True) with "
-            "device='cuda' does this)"
-            if on_device
-            else "pass device='cuda' to the DataLoader: pinned memory, copy one batch ahead on "
-            "a side stream, normalize on the GPU"
-            if gpus
-            else "batches are copied on the host: drop the copy or pass device=None"
-        )
-        return Diagnosis(
-            "collate/copy", fix, f"the copy takes {_ms(copy_s)} of the {_ms(wait_s)} wait per batch"
-        )
-    workers = num_workers if num_workers is not None else None
-    if work is not None and work.total_s > 0:
-        return _diagnose_work(work, compute_s, workers, cores, gpus)
-    return _diagnose_unsplit(wait_s, step_s, compute_s, workers, cores)
-
-
-def _diagnose_work(
-    work: WorkerWork, compute_s: float, workers: int | None, cores: int, gpus: int
-) -> Diagnosis:
-    need = workers_needed(work.total_s, compute_s)
-    phases = {
-        "storage fetch": work.fetch_s,
-        "decode/transform": work.decode_s,
-        "collate/copy": work.collate_s,
-    }
-    bottleneck = max(phases, key=phases.__getitem__)
-    now = f"now {workers}" if workers is not None else "workers unknown"
-    evidence = (
-        f"workers spend {_ms(work.total_s)} per batch (fetch {_ms(work.fetch_s)}, decode "
-        f"{_ms(work.decode_s)}, collate {_ms(work.collate_s)}); the loop computes "
-        f"{_ms(compute_s)} per batch, so {need} worker(s) keep up ({now}, {cores} usable cores)"
-    )
-    can_raise = workers is None or need > workers
-    if bottleneck == "storage fetch":
-        fix = "enable the cache: ImageFolder(..., cache='~/.cache/fastload')"
-        if can_raise:
-            fix += f", or raise num_workers to {need} (fetching waits on storage, not cores)"
-        return Diagnosis(bottleneck, fix, evidence)
-    if can_raise and need <= cores:
-        return Diagnosis(bottleneck, f"raise num_workers to {need}", evidence)
-    if bottleneck == "decode/transform" and gpus:
-        fix = (
-            f'use backend="dali": decoding needs {need} workers, this machine has {cores} '
-            f"cores; or, to decode fewer pixels, {TRANSCODE_HINT}"
-        )
-        return Diagnosis(bottleneck, fix, evidence)
-    fix = (
-        f"raise num_workers to {cores} (all usable cores); beyond that, decoding needs {need} "
-        "cores' worth of CPU: store smaller images or use a machine with more cores"
-        if workers is None or workers < cores
-        else f"all {cores} usable cores already work; decoding needs {need}: store smaller "
-        "images, or use a machine with more cores or a GPU with backend=\"dali\""
-    )
-    if bottleneck == "decode/transform":
-        fix += f"; to store smaller images without rewriting the dataset, {TRANSCODE_HINT}"
-    return Diagnosis(bottleneck, fix, evidence)
-
-
-def _diagnose_unsplit(
-    wait_s: float, step_s: float, compute_s: float, workers: int | None, cores: int
-) -> Diagnosis:
-    if workers is None:
-        return Diagnosis(
-            "loader",
-            "raise the loader's num_workers (pass num_workers= to measure() to get a number)",
-            f"the loop waits {_ms(wait_s)} of each {_ms(step_s)} step; the dataset reports no "
-            "fetch/decode split and the number of workers is unknown",
-        )
-    # With no workers the whole batch is made inside next(): its cost is the wait. With W
-    # saturated workers one batch arrives per step, so a batch costs about W * step.
-    work_s = wait_s if workers == 0 else workers * step_s
-    how = "made in the main process" if workers == 0 else f"{workers} busy workers, one per step"
-    need = workers_needed(work_s, compute_s)
-    evidence = (
-        f"a batch costs about {_ms(work_s)} of loader work ({how}); the loop computes "
-        f"{_ms(compute_s)} per batch, so {need} worker(s) keep up ({cores} usable cores); the "
-        "dataset reports no fetch/decode split"
-    )
-    if need <= workers:  # saturated workers that should keep up: they are starved of CPU
-        return Diagnosis(
-            "loader",
-            f"the {workers} workers share {cores} cores: make the dataset's __getitem__ cheaper, "
-            "or use fastload.ImageFolder to see where the time goes",
-            evidence,
-        )
-    fix = f"raise num_workers to {need}"
-    if need > cores:
-        fix += f" (beyond {cores} cores this helps only if the dataset waits on I/O)"
-    if workers == 0:
-        fix += "; declare the dataset worker-safe: fastload_worker_safe = True on its class"
-    return Diagnosis("loader", fix, evidence)
 
 
 @dataclass(frozen=True)
@@ -256,6 +147,9 @@ class Summary:
     measured_by: str
     verdict: Verdict
     diagnosis: Diagnosis
+    worker_stats: WorkerStats | None = None
+    wait_for_workers_s: float | None = None
+    receive_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -282,16 +176,29 @@ class Summary:
             )
         if self.copy_mean_s is not None:
             lines.append(f"  copy        {_ms(self.copy_mean_s)} per batch (host side, in the wait)")
+        workers = "unknown" if self.num_workers is None else str(self.num_workers)
+        ws = self.worker_stats
+        if ws is not None and ws.busy_share is not None:
+            lines.append(
+                f"  workers     {workers} on {self.cores} usable cores; busy "
+                f"{ws.busy_share:.1%} of their time, {_ms(ws.busy_per_batch_s or 0.0)} per "
+                f"batch (CPU {ws.cpu_share:.0%} of it, collate {ws.collate_share:.0%}; "
+                f"{ws.reporting} reporting)"
+            )
+        else:
+            note = f"; {ws.note}" if ws is not None and ws.note else ""
+            lines.append(f"  workers     {workers} on {self.cores} usable cores{note}")
         if self.work is not None:
             w = self.work
             lines.append(
-                f"  workers     {self.num_workers} on {self.cores} usable cores; per batch "
-                f"fetch {_ms(w.fetch_s)}, decode {_ms(w.decode_s)}, collate {_ms(w.collate_s)} "
-                "(worker-seconds)"
+                f"  phases      per batch fetch {_ms(w.fetch_s)}, decode {_ms(w.decode_s)}, "
+                f"collate {_ms(w.collate_s)} (worker-seconds, from the dataset)"
             )
-        else:
-            workers = "unknown" if self.num_workers is None else str(self.num_workers)
-            lines.append(f"  workers     {workers} on {self.cores} usable cores")
+        if self.wait_for_workers_s is not None and self.receive_s is not None:
+            lines.append(
+                f"  wait split  {_ms(self.wait_for_workers_s)} until the worker had the batch "
+                f"+ {_ms(self.receive_s)} receiving it in the main process, per batch"
+            )
         lines.append(f"  start-up    {self.startup_wait_s:.3f} s waiting for first batches")
         share = self.gpu_idle_share if self.gpu_idle_share is not None else self.wait_share
         band = (

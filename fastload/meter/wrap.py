@@ -12,7 +12,8 @@ from typing import Any
 
 import torch.utils.data
 
-from fastload.meter.recorder import MeteredIterator, StarvationMeter
+from fastload.meter.hotpath import MeteredIterator
+from fastload.meter.recorder import StarvationMeter
 
 
 class Metered(Iterable[Any]):

@@ -1,0 +1,143 @@
+"""The meter's per-batch hot path: :class:`MeteredIterator`, and counting a batch's samples.
+
+Everything here runs once per batch, between torch's ``next()`` and the training loop, so it
+does as little as it can: two ``perf_counter`` calls, three appends to float arrays and a
+sample count that follows a remembered path into the batch (NOTE [fast sample count]).
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import operator
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from fastload.meter.recorder import StarvationMeter
+
+_perf = time.perf_counter
+
+
+def batch_length(batch: Any) -> int:
+    """Samples in a collated batch: the first dimension of its first tensor (1 if none).
+
+    Walks into the first element of tuples/lists and the first value of dicts, so
+    ``(images, labels)``, ``{"image": ...}`` and DALI's ``[{"data": ...}]`` all count right;
+    a list of plain values (collated strings) counts its length.
+    """
+    return _walk(batch)[0]
+
+
+def _walk(batch: Any) -> tuple[int, list[Any], type | None]:
+    """The sample count, the path of keys/indices to the counted tensor, and its type."""
+    path: list[Any] = []
+    while True:
+        if isinstance(batch, torch.Tensor):
+            if batch.is_nested:  # a strided nested tensor has no .shape; keep off the fast path
+                return int(batch.size(0)), path, None
+            return (int(batch.shape[0]) if batch.dim() else 1), path, type(batch)
+        if isinstance(batch, (list, tuple)):
+            if not batch:
+                return 0, path, None
+            head = batch[0]
+            if not isinstance(head, (torch.Tensor, list, tuple, collections.abc.Mapping)):
+                return len(batch), path, None
+            path.append(0)
+        elif isinstance(batch, collections.abc.Mapping):
+            if not batch:
+                return 0, path, None
+            key = next(iter(batch))
+            path.append(key)
+            head = batch[key]
+        else:
+            return 1, path, None
+        batch = head
+
+
+def _getter(path: list[Any]) -> Callable[[Any], Any] | None:
+    """A C-speed function following ``path`` (indices/keys) into a batch; None for []."""
+    if not path:
+        return None
+    if len(path) == 1:
+        return operator.itemgetter(path[0])
+    steps = [operator.itemgetter(step) for step in path]
+
+    def follow(batch: Any) -> Any:
+        for step in steps:
+            batch = step(batch)
+        return batch
+
+    return follow
+
+
+class MeteredIterator(Iterator[Any]):
+    """One pass of a meter over an iterator: yields exactly what the iterator yields.
+
+    Written as a class, not a generator, so an exception from the iterator leaves it usable
+    just as the iterator itself is (torch's iterators can be resumed after a worker error).
+    The hot path binds the meter's column appends once per pass and touches nothing else
+    unless a copy split, CUDA events or periodic logging are on.
+    """
+
+    __slots__ = ("_meter", "_next", "_probe", "_extra", "_fixed", "_get", "_kind",
+                 "_add_start", "_add_end", "_add_samples")
+
+    def __init__(self, meter: StarvationMeter, iterator: Iterator[Any]) -> None:
+        self._meter = meter
+        self._next = iterator.__next__
+        meter._open = False  # a new pass: its first batch opens it
+        meter._fresh = True
+        self._probe = meter._probe
+        self._extra = meter.copy_split or meter._probe is not None or meter.log_every is not None
+        self._fixed = meter.batch_size
+        self._get: Callable[[Any], Any] | None = None  # batch -> the tensor to count
+        self._kind: type | None = None
+        self._add_start = meter._start.append
+        self._add_end = meter._end.append
+        self._add_samples = meter._samples.append
+
+    def __iter__(self) -> MeteredIterator:
+        return self
+
+    def __next__(self) -> Any:
+        probe = self._probe
+        if probe is not None:
+            probe.before()
+        t0 = _perf()
+        try:
+            batch = self._next()
+        except StopIteration:
+            if probe is not None:
+                probe.cancel()
+            if self._meter._open:
+                self._meter._close_pass(t0)
+            raise
+        t1 = _perf()
+        if not self._meter._open:
+            self._meter._open_pass()
+        self._add_start(t0)
+        self._add_end(t1)
+        # NOTE [fast sample count]: isinstance() against torch.Tensor or Mapping costs about a
+        # microsecond, so the walk of batch_length() runs once per structure; later batches
+        # follow the remembered path to the counted tensor and check only its exact type.
+        if self._fixed:
+            self._add_samples(self._fixed)
+        else:
+            get = self._get
+            try:
+                node = batch if get is None else get(batch)
+            except (LookupError, TypeError):
+                node = None
+            if type(node) is self._kind:
+                shape = node.shape
+                self._add_samples(shape[0] if shape else 1)
+            else:
+                count, path, self._kind = _walk(batch)
+                self._get = _getter(path)
+                self._add_samples(count)
+        if self._extra:
+            self._meter._after_batch(t0, t1)
+        return batch
