@@ -137,7 +137,10 @@ class WorkerSafety:
 
 def worker_safety(dataset: Dataset) -> WorkerSafety:
     """Decide NOTE [auto never changes the batches] for one dataset."""
-    declared = getattr(dataset, WORKER_SAFE_ATTR, None)
+    try:
+        declared = getattr(dataset, WORKER_SAFE_ATTR, None)
+    except Exception:  # a __getattr__ that raises for any name: nothing declared
+        declared = None
     if declared is not None:
         return WorkerSafety(bool(declared), f"{type(dataset).__name__} declares {WORKER_SAFE_ATTR}={bool(declared)}")
     if isinstance(dataset, Subset):

@@ -420,3 +420,22 @@ def test_probe_dataset_direct():
     assert p.usable and p.samples == MAX_SAMPLES and p.copied == "pickles" and p.dataset_bytes > 0
     assert p.rng == () and p.mutation is None
     assert "no main-process RNG" in p.summary()
+
+
+class RaisingGetattr(Tiny):
+    def __getattr__(self, name):
+        raise RuntimeError(f"no {name}")
+
+
+def test_odd_datasets_do_not_break_the_loader():
+    for ds in ([1, 2, 3], range(10), {"a": 1}, RaisingGetattr()):
+        s = settings(ds)
+        assert s.num_workers.value == 0, ds
+    assert "raised KeyError" in settings({"a": 1}).num_workers.reason
+    big = TensorHolder()
+    assert "not copied" in settings(big).num_workers.reason
+
+
+class TensorHolder(Tiny):
+    def __init__(self) -> None:
+        self.x = torch.zeros(100 << 20, dtype=torch.uint8)

@@ -124,7 +124,7 @@ class DatasetProbe:
     def summary(self) -> str:
         head = f"probe: {self.samples} sample{'s' if self.samples != 1 else ''} in {self.seconds:.2f} s"
         if self.samples == 0:
-            return f"{head} (not fetched)"
+            return f"{head} (none fetched)"
         copied = self.copied
         if self.dataset_bytes is not None:
             copied += f" ({human_bytes(self.dataset_bytes)})"
