@@ -332,12 +332,14 @@ def test_start_method():
 def test_index_only_dataset_gives_the_batches_of_torch_defaults():
     ds = Sleepy(n=96, sleep_s=0.003)
     torch.manual_seed(7)
-    expected = [b.tolist() for b in torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True)]
+    stock = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=True)
+    expected = [[b.tolist() for b in stock] for _ in range(2)]
     after_torch = torch.get_rng_state()
     torch.manual_seed(7)
     loader = fastload.DataLoader(ds, batch_size=4, shuffle=True)
     assert loader.settings.num_workers.value > 0  # the comparison means something
-    assert [b.tolist() for b in loader] == expected
+    assert loader.settings.persistent_workers.value is True  # and draws like torch's iterator
+    assert [[b.tolist() for b in loader] for _ in range(2)] == expected
     assert torch.equal(torch.get_rng_state(), after_torch)
 
 
