@@ -423,3 +423,17 @@ def test_reset_mid_pass_starts_over_cleanly():
     assert list(it) == [2, 3, 4, 5]
     s = metered.meter.summary()
     assert (s.batches, s.passes) == (4, 1)
+
+
+def test_batches_of_torchs_batch_sampler_count_as_batch_size_and_the_short_last_one():
+    data = TensorDataset(torch.arange(10))
+    loader = DataLoader(data, batch_size=4)
+    run(loader, passes=2)
+    assert [r["samples"] for r in loader.meter.records()] == [4, 4, 2] * 2
+    dropped = DataLoader(data, batch_size=4, drop_last=True)
+    run(dropped)
+    assert dropped.meter.summary().samples == 8
+    left = DataLoader(data, batch_size=4)
+    for _ in left:
+        break
+    assert left.meter.summary().samples == 4

@@ -357,6 +357,8 @@ def _attach_meter(
     meter.machine = meter.machine or settings.machine
     if loader.batch_size is None and loader.batch_sampler is None:
         meter.batch_size = 1  # torch yields single samples
+    elif not loader._declared:  # a declared dataset may skip samples: counted by looking
+        meter.count_by_sampler(loader)
     if device is not None and device.type == "cuda":
         meter.on_device = True
         if meter.gpu is None:

@@ -348,10 +348,11 @@ def activity(counters: WorkerCounters, passes: list[list[Any]], last_delivered: 
         batches += made
         capacity += span * counters.num_workers
     if capacity <= 0 or batches <= 0:
-        return WorkerStats.unmeasured(
-            counters.num_workers,
-            "worker busy share not measured: no worker process made batches after the first "
-            "of a pass (too few batches, or an engine without worker processes)",
+        return WorkerStats(
+            counters.num_workers, hooked, 0, None, None, None, None,
+            "worker busy share not measured: the workers made no batch after the first of a "
+            "pass was delivered (too few batches for the prefetch, or another engine ran "
+            "the passes)",
         )
     return WorkerStats(
         workers=counters.num_workers,

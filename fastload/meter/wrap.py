@@ -73,6 +73,8 @@ def measure(
         meter = StarvationMeter(
             log_every=log_every, gpu=gpu, num_workers=workers, batch_size=batch_size
         )
+        if isinstance(iterable, torch.utils.data.DataLoader) and batch_size is None:
+            meter.count_by_sampler(iterable)
     elif num_workers is not None:
         meter.num_workers = num_workers
     return Metered(iterable, meter)
