@@ -141,3 +141,38 @@ class MeteredIterator(Iterator[Any]):
         if self._extra:
             self._meter._after_batch(t0, t1)
         return batch
+
+
+class CountedMeteredIterator(MeteredIterator):
+    """The common case's hot path: a fixed count per batch, no CUDA events, copy split or log.
+
+    The same records as :class:`MeteredIterator` with the fewest steps per batch: inside a
+    real loader each step costs about a microsecond (caches are cold after torch's own
+    per-batch work), so the checks that cannot apply are left out, not skipped.
+    """
+
+    __slots__ = ()
+
+    def __next__(self) -> Any:
+        t0 = _perf()
+        try:
+            batch = self._next()
+        except StopIteration:
+            if self._meter._open:
+                self._meter._close_pass(t0)
+            raise
+        t1 = _perf()
+        if not self._meter._open:
+            self._meter._open_pass()
+        self._add_start(t0)
+        self._add_end(t1)
+        self._add_samples(self._fixed)
+        return batch
+
+
+def metered(meter: StarvationMeter, iterator: Iterator[Any]) -> MeteredIterator:
+    """The meter's iterator over ``iterator``: the short hot path where it applies."""
+    it = MeteredIterator(meter, iterator)
+    if it._fixed and it._probe is None and not it._extra:
+        it.__class__ = CountedMeteredIterator
+    return it

@@ -49,7 +49,7 @@ from fastload.errors import ConfigError
 from fastload.meter.analysis import Recording, batch_records, summarize
 from fastload.meter.cuda import CudaIdleProbe
 from fastload.meter.export import as_summary_writer, write_json, write_plot, write_tensorboard
-from fastload.meter.hotpath import MeteredIterator
+from fastload.meter.hotpath import MeteredIterator, metered
 from fastload.meter.periodic import report_window
 from fastload.meter.report import Summary, WorkerStats
 from fastload.meter.workers import (
@@ -168,7 +168,7 @@ class StarvationMeter:
         """Start a pass over ``iterator``: the returned iterator yields the same batches."""
         if self._probe is None and self._use_gpu():
             self._probe = CudaIdleProbe()
-        return MeteredIterator(self, iterator)
+        return metered(self, iterator)
 
     def _use_gpu(self) -> bool:
         if self.gpu is False:
