@@ -40,7 +40,7 @@ from fastload.engines import Backend, Choice, Engine, EngineContext, choose_back
 from fastload.engines.probe import ProbeEngine
 from fastload.engines.threads import ThreadEngine
 from fastload.errors import ConfigError
-from fastload.loader import resume
+from fastload.loader import autotune, resume
 from fastload.loader.iterator import LoaderIterator
 from fastload.loader.state import LoaderState
 from fastload.meter import StarvationMeter
@@ -205,6 +205,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         state = self.state
         if state.iterations > 0:  # not the first epoch of this object (nor a resumed one)
             self._revalidate()
+            autotune.retune(self)
         if state.owns_sampler:
             self.sampler.set_epoch(state.epoch)
         progress = resume.start_epoch(self, state)
