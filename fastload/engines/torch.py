@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import warnings
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -72,7 +73,12 @@ class TorchEngine(Engine):
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
         # The defining module's class: ``torch.utils.data.DataLoader`` may be fastload's
         # own facade where a script substituted it (benchmarks/torch_compat does).
-        iterator = torch.utils.data.dataloader.DataLoader.__iter__(loader)
+        settings = getattr(loader, "settings", None)
+        with warnings.catch_warnings():
+            if settings is not None and settings.num_workers.source == "auto":
+                # NOTE [more workers than cores] in fastload.loader.dataloader
+                warnings.filterwarnings("ignore", message="This DataLoader will create")
+            iterator = torch.utils.data.dataloader.DataLoader.__iter__(loader)
         self._current = weakref.ref(iterator)
         return iterator
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypeVar
 
@@ -49,6 +50,12 @@ from fastload.settings import AUTO, LoaderSettings, resolve_settings
 logger = logging.getLogger(__name__)
 
 Auto = Literal["auto"]
+
+WORKER_COUNT_WARNING = "This DataLoader will create"
+"""torch's warning for more workers than cores. NOTE [more workers than cores]: fastload
+gives samples that mostly wait (measured by its probe) more workers than cores on purpose,
+and says so in ``loader.settings``; torch's warning is silenced only for a count fastload
+chose, never for one the user set."""
 T_co = TypeVar("T_co", covariant=True)
 
 
@@ -137,27 +144,30 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             sampler, shuffle = own_sampler, None
         dataset, collate_fn, feeder = _stages(dataset, collate_fn, batched=bool(batch_size or batch_sampler),
                                               device=target)
-        super().__init__(
-            dataset,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            sampler=sampler,
-            batch_sampler=batch_sampler,
-            num_workers=settings.num_workers.value,
-            collate_fn=collate_fn,
-            pin_memory=settings.pin_memory.value,
-            drop_last=drop_last,
-            timeout=timeout,
-            worker_init_fn=StarvationMeter.worker_init(
-                worker_init_fn, settings.num_workers.value, meter, in_order=in_order
-            ),
-            multiprocessing_context=multiprocessing_context,
-            generator=generator,
-            prefetch_factor=settings.prefetch_factor.value,
-            persistent_workers=settings.persistent_workers.value,
-            pin_memory_device=pin_memory_device,
-            in_order=in_order,
-        )
+        with warnings.catch_warnings():
+            if settings.num_workers.source == "auto":  # NOTE [more workers than cores]
+                warnings.filterwarnings("ignore", message=WORKER_COUNT_WARNING)
+            super().__init__(
+                dataset,
+                batch_size=batch_size,
+                shuffle=shuffle,
+                sampler=sampler,
+                batch_sampler=batch_sampler,
+                num_workers=settings.num_workers.value,
+                collate_fn=collate_fn,
+                pin_memory=settings.pin_memory.value,
+                drop_last=drop_last,
+                timeout=timeout,
+                worker_init_fn=StarvationMeter.worker_init(
+                    worker_init_fn, settings.num_workers.value, meter, in_order=in_order
+                ),
+                multiprocessing_context=multiprocessing_context,
+                generator=generator,
+                prefetch_factor=settings.prefetch_factor.value,
+                persistent_workers=settings.persistent_workers.value,
+                pin_memory_device=pin_memory_device,
+                in_order=in_order,
+            )
         self.settings: LoaderSettings = settings
         self.device = target
         self.skipped: list[batchinfo.Skipped] = []
