@@ -8,8 +8,10 @@ same data:
 * stock torch:       torch.utils.data.DataLoader
 * fastload, off:     fastload.DataLoader(..., meter=False)
 * fastload, on:      fastload.DataLoader(...)            (the default)
-* fastload, twin:    a second meter-off loader: the spread between identical loaders
-                     is the noise floor of the machine, printed next to the overhead
+Each fastload kind runs as TWINS identical loaders (3): one loader can run a few
+microseconds per batch slower than its twin for reasons of memory placement alone, so each
+kind's figure is the mean over its twins, and the twins' spread (the noise floor) is printed
+next to the overhead.
 
 and, to isolate the meter from the loader, its hot path alone: ``measure()`` around a list
 of ready batches against iterating the list. Each figure is the median over ``--rounds``
@@ -72,21 +74,24 @@ def paired_round(loaders: dict[str, object]) -> dict[str, float]:
     return {name: spent[name] / batches for name in names}
 
 
-def overhead_at(batch_size: int, batches: int, rounds: int) -> dict:
+TWINS = 3
+"""Loaders of each kind (meter on, meter off), all interleaved. One loader of a kind can run a
+few microseconds per batch slower than its identical twin for reasons of memory placement
+alone, so each kind's figure is the mean over its twins and the spread is printed."""
+
+
+def overhead_at(batch_size: int, batches: int, rounds: int, twins: int = TWINS) -> dict:
     """Median per-batch times of every loader at one batch size, and the derived shares."""
     n = batches * batch_size
     data = TensorDataset(torch.randn(n, 16), torch.arange(n))
-    loaders = {
+    loaders: dict[str, object] = {
         "stock torch": torch.utils.data.DataLoader(data, batch_size=batch_size),
-        "fastload, meter off": fastload.DataLoader(
-            data, batch_size=batch_size, num_workers=0, meter=False
-        ),
-        "fastload, meter on": fastload.DataLoader(data, batch_size=batch_size, num_workers=0),
-        # An identical twin of "meter off": their difference is this machine's noise floor.
-        "fastload, off (twin)": fastload.DataLoader(
-            data, batch_size=batch_size, num_workers=0, meter=False
-        ),
     }
+    for k in range(twins):  # created alternately, so neither kind gets the first places
+        loaders[f"off #{k}"] = fastload.DataLoader(
+            data, batch_size=batch_size, num_workers=0, meter=False
+        )
+        loaders[f"on #{k}"] = fastload.DataLoader(data, batch_size=batch_size, num_workers=0)
     ready = [data[i : i + batch_size] for i in range(0, n, batch_size)]
     hot_path = {"list alone": ready, "measure(list)": measure(ready)}
     times: dict[str, list[float]] = {name: [] for name in [*loaders, *hot_path]}
@@ -97,15 +102,35 @@ def overhead_at(batch_size: int, batches: int, rounds: int) -> dict:
             times[name].append(seconds_per_batch(iterable))
 
     med = {name: statistics.median(v) for name, v in times.items()}
-    on, off = med["fastload, meter on"], med["fastload, meter off"]
+    offs = [med[f"off #{k}"] for k in range(twins)]
+    ons = [med[f"on #{k}"] for k in range(twins)]
+    off, on = statistics.fmean(offs), statistics.fmean(ons)
+    # Paired per round (same moments of a busy machine): the median of the differences.
+    per_round = [
+        statistics.fmean(times[f"on #{k}"][r] for k in range(twins))
+        - statistics.fmean(times[f"off #{k}"][r] for k in range(twins))
+        for r in range(rounds)
+    ]
+    shown = {
+        "stock torch": med["stock torch"],
+        "fastload, meter off": off,
+        "fastload, meter on": on,
+        "list alone": med["list alone"],
+        "measure(list)": med["measure(list)"],
+    }
     meter_cost = med["measure(list)"] - med["list alone"]
     return {
         "batch_size": batch_size,
-        "us_per_batch": {name: v * 1e6 for name, v in med.items()},
-        "batches_per_s": {name: 1 / v for name, v in med.items()},
+        "twins": twins,
+        "us_per_batch": {name: v * 1e6 for name, v in shown.items()},
+        "batches_per_s": {name: 1 / v for name, v in shown.items()},
+        "each_loader_us": {name: med[name] * 1e6 for name in loaders},
         "meter_cost_us": (on - off) * 1e6,
+        "paired_meter_cost_us": statistics.median(per_round) * 1e6,
+        "paired_overhead": statistics.median(per_round) / off,
         "overhead_on_vs_off": (on - off) / off,
-        "noise_floor_twin_vs_off": (med["fastload, off (twin)"] - off) / off,
+        "spread_off_us": (max(offs) - min(offs)) * 1e6,
+        "spread_on_us": (max(ons) - min(ons)) * 1e6,
         "fastload_off_vs_stock": (off - med["stock torch"]) / med["stock torch"],
         "meter_hot_path_us": meter_cost * 1e6,
         "meter_hot_path_share_of_batch": meter_cost / off,
@@ -140,11 +165,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:<22} {v:8.2f} us/batch   {1e6 / v:10.0f} batches/s")
         print(
             f"  meter on vs off        {result['meter_cost_us']:+.2f} us = "
-            f"{result['overhead_on_vs_off']:+.2%} of per-batch time"
+            f"{result['overhead_on_vs_off']:+.2%} of per-batch time (means of "
+            f"{result['twins']} twins each; paired per round {result['paired_meter_cost_us']:+.2f} us)"
         )
         print(
-            f"  noise floor            {result['noise_floor_twin_vs_off']:+.2%} "
-            "(two identical meter-off loaders)"
+            f"  noise floor            twins spread {result['spread_off_us']:.2f} us (off), "
+            f"{result['spread_on_us']:.2f} us (on)"
         )
         print(
             f"  meter hot path alone   {result['meter_hot_path_us']:.2f} us/batch = "
