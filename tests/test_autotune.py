@@ -18,7 +18,7 @@ from fastload.meter.workers import MeasuredWorkerInit
 
 
 class CheapSamples(Dataset):
-    """Declared safe; a sample costs 1 ms of waiting, so workers idle behind a slow step."""
+    """Declared safe; a sample costs microseconds, so workers idle behind a 50 ms step."""
 
     fastload_worker_safe = True
 
@@ -26,7 +26,6 @@ class CheapSamples(Dataset):
         return 32
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        time.sleep(0.001)
         return torch.tensor([i])
 
 
@@ -49,7 +48,7 @@ def test_idle_workers_are_lowered_and_the_batches_stay(monkeypatch):
     before = loader.num_workers
     first = epochs(loader, 1, step_s=0.05)
     busy = loader.meter.worker_stats().busy_share
-    assert busy is not None and busy < 0.3, busy  # measured, not assumed
+    assert busy is not None and busy < 0.3, busy  # measured (about 1% here), not assumed
     second = epochs(loader, 1, step_s=0.05)
     assert loader.num_workers < before
     reason = loader.settings.num_workers.reason
