@@ -45,7 +45,7 @@ BOTTLENECKS = (
 
 SATURATED = 0.6
 """Worker busy share from which the workers, not the main process, hold the loop up."""
-IO_BOUND_CPU = 0.3
+IO_BOUND_CPU = 0.2
 """Below this share of CPU time inside their busy time, busy workers wait on storage."""
 
 
