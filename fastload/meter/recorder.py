@@ -247,7 +247,7 @@ class StarvationMeter:
         if self._pass_length is not None and len(self._end) > self._pass_first[-1]:
             try:
                 short = self._pass_length()
-            except TypeError:  # a sampler whose length went away
+            except Exception:  # a sampler whose length went away: never replace StopIteration
                 short = 0
             if short:  # NOTE [samples from the batch sampler]
                 self._samples[-1] = short
