@@ -441,3 +441,21 @@ def test_odd_datasets_do_not_break_the_loader():
 class TensorHolder(Tiny):
     def __init__(self) -> None:
         self.x = torch.zeros(100 << 20, dtype=torch.uint8)
+
+
+def test_a_class_attribute_that_cannot_be_put_back_is_reported_as_such():
+    from fastload.tuning.state import class_state, restore_classes
+
+    class Frozen(type):
+        def __setattr__(cls, name, value):
+            raise AttributeError(f"{cls.__name__} is frozen")
+
+    class Counted(metaclass=Frozen):
+        calls = 0
+
+    obj = Counted()
+    before = class_state(obj)
+    type.__setattr__(Counted, "calls", 1)  # what a fetch did, around the metaclass
+    said = restore_classes(before)
+    assert said is not None and "Counted.calls" in said and "could not be restored" in said
+    assert Counted.calls == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import random
 import socket
 import sys
@@ -26,6 +27,8 @@ IDENTITY_CALLS = frozenset({"get_worker_info", "initial_seed"})
 _CODE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType,
          types.MethodWrapperType, types.WrapperDescriptorType)
 _LIBRARY_ROOTS = frozenset({"builtins", "torch", "numpy", "typing", "abc", "collections"})
+
+logger = logging.getLogger(__name__)
 
 
 # -- state: a bounded walk, its fingerprint, class attributes -----------------------------
@@ -113,7 +116,7 @@ def _token(o: Any) -> Any:
             return ("Generator", repr(o.bit_generator.state))
         if isinstance(o, (dict, list, tuple, set, frozenset)):
             return (type(o).__name__, len(o))
-    except Exception:
+    except Exception:  # noqa: BLE001 - an object whose accessors raise: its type stands for it
         pass
     return type(o).__qualname__
 
@@ -155,14 +158,17 @@ def restore_classes(state: dict[type, dict[str, Any]]) -> str | None:
         for name in set(attrs) | set(now):
             if attrs.get(name, _MISSING) is now.get(name, _MISSING):
                 continue
-            changed = changed or f"class attribute {cls.__name__}.{name} changed (restored)"
             try:
                 if name in attrs:
                     setattr(cls, name, attrs[name])
                 else:
                     delattr(cls, name)
-            except (AttributeError, TypeError):
-                pass
+                outcome = "restored"
+            except (AttributeError, TypeError) as exc:  # a metaclass that refuses: say so
+                outcome = f"could not be restored: {exc}"
+                logger.warning("dataset probe: class attribute %s.%s changed by a fetch and %s",
+                               cls.__name__, name, outcome)
+            changed = changed or f"class attribute {cls.__name__}.{name} changed ({outcome})"
     return changed
 
 
