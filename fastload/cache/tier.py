@@ -22,7 +22,7 @@ shared tiers. A tier that can hold a per-key lock across processes also implemen
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -69,6 +69,18 @@ class Tier(abc.ABC):
     def contains(self, key: str) -> bool:
         """Whether ``key`` is stored; cheap and uncounted. Override the default (a full get)."""
         return self.get(key) is not None
+
+    def put_many(self, items: Iterable[tuple[str, bytes]]) -> list[bool]:
+        """Store many entries, each as :meth:`put` would; one result per item, in order.
+
+        Tiers whose cost is per write (a transaction, a round trip) override it to store the
+        whole batch at once; ``cache warm`` hands them its downloads in batches.
+        """
+        return [self.put(key, value) for key, value in items]
+
+    def contains_many(self, keys: Sequence[str]) -> list[bool]:
+        """:meth:`contains` of each key, in order (one transaction or round trip if overridden)."""
+        return [self.contains(key) for key in keys]
 
     def close(self) -> None:
         """Release connections and handles; the tier may not be used afterwards."""
