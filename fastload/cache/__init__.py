@@ -9,20 +9,21 @@ Three ways in::
 See docs/cache.md for the tiers, the policies and what is shared between processes.
 """
 
-import fsspec
+from fastload.lazy import attach as _attach
 
-from fastload.cache.build import open_cache
-from fastload.cache.config import CacheConfig, parse_size
-from fastload.cache.disk import DiskTier
-from fastload.cache.memory import MemoryTier
-from fastload.cache.tier import KeyLocking, Tier, TierStats
-from fastload.cache.tiered import TieredCache
-
-# The pyproject entry point registers the protocol for installed packages; this covers
-# source trees and editable installs made before the entry point existed.
-fsspec.register_implementation(
-    "fastload", "fastload.cache.filesystem.FastloadCacheFileSystem", clobber=True
-)
+# Imported on first use, so `fastload cache stats` does not pay for fsspec and its asyncio.
+_LAZY = {
+    "CacheConfig": "fastload.cache.config",
+    "DiskTier": "fastload.cache.disk",
+    "KeyLocking": "fastload.cache.tier",
+    "MemoryTier": "fastload.cache.memory",
+    "Tier": "fastload.cache.tier",
+    "TierStats": "fastload.cache.tier",
+    "TieredCache": "fastload.cache.tiered",
+    "open_cache": "fastload.cache.build",
+    "parse_size": "fastload.cache.config",
+}
+__getattr__, __dir__ = _attach(__name__, _LAZY, globals())
 
 __all__ = [
     "CacheConfig",
