@@ -30,7 +30,8 @@ def build_tiers(config: CacheConfig) -> list[Tier]:
     if config.memory:
         tiers.append(MemoryTier(config.memory, policy=config.policy))
     if config.disk:
-        tiers.append(DiskTier(config.disk, size=config.disk_size, policy=config.policy))
+        tiers.append(DiskTier(config.disk, size=config.disk_size, policy=config.policy,
+                              format=config.disk_format))
     if config.redis:
         tiers.append(_redis_tier(config.redis))
     tiers.extend(config.tiers)

@@ -62,13 +62,22 @@ from fastload.errors import CacheError
 
 MARKER = "fastload-cache.json"
 MAGIC = "fastload cache directory"
-FORMAT = 1
+# NOTE [cache formats]: the marker's "format" says how small entries are kept. 1: one file
+# per entry (every directory made before the packed store); 2: packed into the LMDB store in
+# packed/ (fastload.cache.packed), objects of PACKED_MAX bytes and more still a file each.
+FORMATS = {1: "files", 2: "packed"}
+FORMAT_NUMBERS = {name: number for number, name in FORMATS.items()}
+FORMAT = 2  # what a new directory gets unless asked for another
+PACKED = "packed"
 SUBDIRS = ("entries", "locks", "tmp")
 ROOT_FILES = (MARKER, "used", "stats.json", ".index.lock")
-OWN_NAMES = frozenset(SUBDIRS + ROOT_FILES)
+OWN_NAMES = frozenset(SUBDIRS + ROOT_FILES + (PACKED,))
 ENTRY_NAME = re.compile(r"[0-9a-f]{32}")
 SUBDIR_NAME = re.compile(r"[0-9a-f]{2}")
 LOCK_NAME = re.compile(r"[0-9a-f]{3}\.lock")
+PACKED_FILES = ("data.mdb", "lock.mdb")  # LMDB's two files
+UNSYNCED = "unsynced-"  # NOTE [packed durability] in fastload/cache/packedsync.py
+PACKED_NAME = re.compile(r"data\.mdb|lock\.mdb|unsynced-[0-9a-f-]{36}-\d+")
 _SMALL_FILE = 1 << 16  # the marker, used, stats.json
 
 __all__ = ["MARKER", "CacheDir", "Foreign", "Found", "LockTimeout"]
@@ -85,8 +94,9 @@ class CacheDir:
     non-empty one without fastload's marker) or whose fixed names are not fastload's.
     """
 
-    def __init__(self, path: Path, *, create: bool) -> None:
+    def __init__(self, path: Path, *, create: bool, format: str | None = None) -> None:
         self.path = path
+        self._new_format = FORMAT_NUMBERS[format or FORMATS[FORMAT]]
         self._fds: list[int] = []
         self._subs: dict[str, int] = {}  # entries/<xx> descriptors, opened on first use
         # Descriptors close with the object, never at exit: a finalizer may still flush then.
@@ -95,6 +105,8 @@ class CacheDir:
         self.marker = self._marker(create)
         self._check_layout()
         self._entries, self._locks, self._tmp = (self._subdir(name) for name in SUBDIRS)
+        self.format: str = FORMATS[self.marker["format"]]
+        self.packed_fd: int | None = self._subdir(PACKED) if self.format == "packed" else None
         self._mutex = threading.Lock()
         after_fork(self, CacheDir._reset_after_fork)  # NOTE [locks across fork]
 
@@ -173,10 +185,10 @@ class CacheDir:
                 "not used as a cache and nothing in it is touched; give the cache a new or empty "
                 "directory (a cache of an older fastload: delete the directory and warm it again)"
             )
-        if marker.get("format") != FORMAT or not isinstance(marker.get("default_size"), int):
+        if marker.get("format") not in FORMATS or not isinstance(marker.get("default_size"), int):
             raise CacheError(
                 f"{self.path} holds a cache of format {marker.get('format')!r} (fastload "
-                f"{marker.get('fastload_version')}); this fastload reads format {FORMAT}: delete "
+                f"{marker.get('fastload_version')}); this fastload reads formats {sorted(FORMATS)}: delete "
                 "the directory and warm it again, or use the fastload that wrote it"
             )
         return marker
@@ -187,7 +199,7 @@ class CacheDir:
         st = os.fstatvfs(self._root)
         marker = {
             "magic": MAGIC,
-            "format": FORMAT,
+            "format": self._new_format,
             "fastload_version": __version__,
             "default_size": st.f_bavail * st.f_frsize // 2,
             "budget": None,
@@ -207,9 +219,11 @@ class CacheDir:
     def _check_layout(self) -> None:
         wrong = {}
         for name in sorted(OWN_NAMES - {MARKER}):
+            if name == PACKED and self.marker["format"] != FORMAT_NUMBERS["packed"]:
+                continue  # not fastload's in a directory of format 1: foreign, listed by verify
             with contextlib.suppress(FileNotFoundError):
                 mode = os.stat(name, dir_fd=self._root, follow_symlinks=False).st_mode
-                if not (stat.S_ISDIR(mode) if name in SUBDIRS else stat.S_ISREG(mode)):
+                if not (stat.S_ISDIR(mode) if name in (*SUBDIRS, PACKED) else stat.S_ISREG(mode)):
                     wrong[name] = describe(self._root, name)
         if wrong:
             raise CacheError(
@@ -435,10 +449,15 @@ class CacheDir:
             finally:
                 os.close(fd)
 
+    def packed_path(self) -> Path:
+        """Where the packed store lives (the LMDB environment's directory)."""
+        return self.path / PACKED
+
     def walk_others(self) -> Iterator[Found]:
-        """The foreign names in the root, tmp/ and locks/; fastload's temp files (tmp/) too."""
+        """The foreign names in the root, tmp/, locks/ and packed/; fastload's temp files too."""
+        own = OWN_NAMES if self.packed_fd is not None else OWN_NAMES - {PACKED}
         for name in listing(self._root):
-            if name not in OWN_NAMES and not name.startswith(TEMP_PREFIX):
+            if name not in own and not name.startswith(TEMP_PREFIX):
                 yield Found(self.path / name, name, foreign=f"{describe(self._root, name)} fastload did not make")
         for name in listing(self._tmp):
             found = classify(self._tmp, name, self.path / "tmp", lambda n: n.startswith(TEMP_PREFIX))
@@ -448,6 +467,11 @@ class CacheDir:
             found = classify(self._locks, name, self.path / "locks", LOCK_NAME.fullmatch)
             if found is not None and found.foreign:
                 yield found
+        if self.packed_fd is not None:
+            for name in listing(self.packed_fd):
+                found = classify(self.packed_fd, name, self.path / PACKED, PACKED_NAME.fullmatch)
+                if found is not None and found.foreign:
+                    yield found
 
 def entry_name_of(sub: str) -> Callable[[str], bool]:
     """Whether a file name in entries/``sub``/ is an entry's: 32 hex digits starting with ``sub``."""

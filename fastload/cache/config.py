@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 Policy = Literal["keep", "lru"]
 POLICIES = ("keep", "lru")
+DiskFormat = Literal["packed", "files"]
+DISK_FORMATS = ("packed", "files")
 DEFAULT_DIR = "~/.cache/fastload"
 
 _UNITS = {
@@ -127,6 +129,9 @@ class CacheConfig:
             when the directory was created (remembered in the directory).
         policy: "keep" (default: admit until full, then keep what is there; thrash-free
             under shuffled epochs) or "lru" (evict the least recently used).
+        disk_format: how the disk tier keeps small objects: "packed" (one LMDB store) or
+            "files" (a file each); None = the directory's own, "packed" for a new one.
+            Asking for another format than an existing directory's is a ConfigError.
         redis: URL of a shared Redis tier below the disk (``redis://host:6379/0``); needs the
             Redis tier module (``pip install 'fastload[redis]'``).
         tiers: further :class:`~fastload.cache.tier.Tier` objects, below memory and disk.
@@ -152,6 +157,7 @@ class CacheConfig:
     disk: str | os.PathLike[str] | None = None
     disk_size: int | str | None = None
     policy: Policy = "keep"
+    disk_format: DiskFormat | None = None
     redis: str | None = None
     tiers: Sequence[Tier] = field(default_factory=tuple)
     prefetch: bool = True
@@ -165,6 +171,8 @@ class CacheConfig:
             object.__setattr__(self, "transcode", transcode_spec(self.transcode))
         if self.policy not in POLICIES:
             raise ConfigError(f"cache policy must be 'keep' or 'lru', got {self.policy!r}")
+        if self.disk_format is not None and self.disk_format not in DISK_FORMATS:
+            raise ConfigError(f"disk_format must be 'packed' or 'files', got {self.disk_format!r}")
         if self.memory is not None:
             parse_size(self.memory, name="memory")
         if self.disk_size is not None:

@@ -3,17 +3,22 @@
 Layout of a cache directory (opened through :class:`~fastload.cache.cachedir.CacheDir`)::
 
     fastload-cache.json     marks the directory as fastload's (magic, format, version, budget)
-    entries/ab/<hash>       one file per object, named by the xxh3-128 of its key
+    packed/                 format "packed" (new directories): the LMDB store of every object
+                            below 1 MiB, the index of all and ``used`` (NOTE [packed store])
+    entries/ab/<hash>       one file per object, named by the xxh3-128 of its key (format
+                            "files": every object; "packed": objects of 1 MiB and more)
     locks/<stripe>.lock     per-key fetch locks, 4096 stripes (bounded number of files)
     tmp/                    files being written; moved into entries/ by os.replace
-    used                    bytes in entries/ (updated under .index.lock)
+    used                    format "files": bytes in entries/ (updated under .index.lock)
     stats.json              hits, misses, puts... recorded by every process that used it
 
 NOTE [disk tier across processes]
 * Writes are atomic: an entry is written to tmp/ and ``os.replace``d into place, so a reader
   sees a whole entry or none. Each read validates size and xxh64 (:mod:`.entry`); a corrupt or
   truncated entry (a crash, a bad disk) is deleted and reported as a miss.
-* The byte budget is kept in ``used``, read and written under ``.index.lock`` together with
+* Format "packed": a put is one LMDB write transaction that checks the budget and updates
+  ``used`` with the record; a get one read transaction (:mod:`.packed`). Format "files":
+  the byte budget is kept in ``used``, read and written under ``.index.lock`` together with
   the entry's rename, so concurrent writers never overshoot it. ``fastload cache stats`` and
   ``verify`` recount it from the files (:mod:`.maintenance`).
 * ``lock(key)`` is a file lock per key stripe: the cache holds it while it fetches a missing
@@ -39,15 +44,24 @@ import errno
 import logging
 import multiprocessing.util
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from fastload.cache import entry, maintenance
 from fastload.cache.cachedir import CacheDir, Foreign, Found, LockTimeout
-from fastload.cache.config import POLICIES, Policy, parse_size
+from fastload.cache.config import DISK_FORMATS, POLICIES, DiskFormat, Policy, parse_size
 from fastload.cache.diskstats import StatsRecorder
 from fastload.cache.keys import digest
+from fastload.cache.packed import (
+    FILE_MIN,
+    IN_FILE,
+    PackedStore,
+    StoreFault,
+    accounted,
+    pointer,
+    record_key,
+)
 from fastload.cache.tier import Tier, TierStats
 from fastload.errors import ConfigError
 
@@ -69,6 +83,8 @@ class DiskTier(Tier):
             free space when the directory was created).
         policy: "keep" (admit until full) or "lru" (evict least recently read).
         create: False to open only an existing cache (the command line's stats/verify/clear).
+        format: "packed" or "files" (NOTE [cache formats]); None = the directory's, and
+            "packed" for a new one. Another format than the directory's is a ConfigError.
 
     Attributes:
         cache_dir: the opened directory (:class:`~fastload.cache.cachedir.CacheDir`).
@@ -87,15 +103,26 @@ class DiskTier(Tier):
         size: int | str | None = None,
         policy: Policy = "keep",
         create: bool = True,
+        format: DiskFormat | None = None,
     ) -> None:
         super().__init__()
         if policy not in POLICIES:
             raise ConfigError(f"cache policy must be 'keep' or 'lru', got {policy!r}")
+        if format is not None and format not in DISK_FORMATS:
+            raise ConfigError(f"disk_format must be 'packed' or 'files', got {format!r}")
         budget = parse_size(size, name="disk_size") if size is not None else None
         self.directory = Path(os.path.expanduser(os.fspath(directory))).absolute()
         self.policy: Policy = policy
         self._size_arg = size
-        self.cache_dir = CacheDir(self.directory, create=create)
+        self.cache_dir = CacheDir(self.directory, create=create, format=format)
+        self.format: DiskFormat = self.cache_dir.format  # type: ignore[assignment]
+        if format is not None and format != self.format:
+            raise ConfigError(
+                f"{self.directory} holds a disk cache of format {self.format!r}, not {format!r}; "
+                f"leave disk_format unset to use the directory as it is, or give a new directory "
+                f"for a cache of format {format!r}"
+            )
+        self.packed = PackedStore(self.cache_dir, lru=policy == "lru") if self.format == "packed" else None
         if budget is not None:
             self._record_budget(budget)
         recorded = self.cache_dir.marker.get("budget")
@@ -109,10 +136,11 @@ class DiskTier(Tier):
         multiprocessing.util.Finalize(self, self.recorder.flush, exitpriority=10)
 
     def __reduce__(self):  # reopened in each process (workers), with fresh counters
-        return (_reopen_disk_tier, (str(self.directory), self._size_arg, self.policy))
+        return (_reopen_disk_tier, (str(self.directory), self._size_arg, self.policy, self.format))
 
     def __repr__(self) -> str:
-        return f"DiskTier({str(self.directory)!r}, budget={self.budget} bytes, policy={self.policy!r})"
+        return (f"DiskTier({str(self.directory)!r}, budget={self.budget} bytes, policy={self.policy!r}, "
+                f"format={self.format!r})")
 
     def _record_budget(self, budget: int) -> None:
         """Remember the budget in the marker, so `cache stats` shows the one the loader used."""
@@ -131,6 +159,35 @@ class DiskTier(Tier):
     # -- the Tier contract ----------------------------------------------------------------
 
     def get(self, key: str) -> bytes | None:
+        if self.packed is None:
+            return self._get_file(key)
+        d = entry.packed_digest(key)
+        try:
+            value = self.packed.get(d, key)
+        except entry.KeyMismatch as other:
+            if entry.packed_digest(other.args[0]) == d:
+                return self._miss()  # a true xxh3-128 collision: another key's record
+            why = f"its header names key {other.args[0]!r}, not stored under this digest"
+        except entry.CorruptEntry as exc:
+            why = str(exc)
+        except OSError as exc:
+            self._warn_once("read", "disk cache %s cannot be read (%s); reading the origin", self.directory, exc)
+            return self._miss()
+        else:
+            if value is None:
+                return self._miss()
+            if value is IN_FILE:
+                return self._get_file(key)
+            self.stats.hits += 1
+            self.stats.bytes_read += len(value)  # type: ignore[arg-type]
+            self.recorder.maybe_flush()
+            return value  # type: ignore[return-value]
+        self.stats.corrupt += 1
+        logger.warning("dropping corrupt cache entry %s (%s) in %s; it is fetched again", key, why, self.cache_dir.packed_path())
+        self.delete(key)
+        return self._miss()
+
+    def _get_file(self, key: str) -> bytes | None:
         name = digest(key)
         try:
             with self.cache_dir.open_entry(name) as f:
@@ -149,7 +206,7 @@ class DiskTier(Tier):
         except entry.CorruptEntry as exc:
             why = str(exc)
         else:
-            if self.policy == "lru":
+            if self.policy == "lru" and self.packed is None:
                 with contextlib.suppress(OSError):
                     self.cache_dir.touch_entry(name)
             self.stats.hits += 1
@@ -158,16 +215,32 @@ class DiskTier(Tier):
             return value
         self.stats.corrupt += 1
         logger.warning("dropping corrupt cache entry %s (%s) at %s; it is fetched again", key, why, self.path_of(key))
-        self.drop_entry(name)
+        if self.packed is not None:
+            self.delete(key)
+        else:
+            self.drop_entry(name)
         return self._miss()
 
     def _miss(self) -> None:
         self.stats.misses += 1
         self.recorder.maybe_flush()
-        return None
 
     def contains(self, key: str) -> bool:
         """Whether a complete entry of ``key`` is there: header and file size, no checksum."""
+        return self.contains_many([key])[0]
+
+    def contains_many(self, keys: Sequence[str]) -> list[bool]:
+        """:meth:`contains` of each key; format "packed": one read transaction for all."""
+        if self.packed is None:
+            return [self._file_complete(key) for key in keys]
+        try:
+            found = self.packed.contains([entry.packed_digest(k) for k in keys])
+        except OSError as exc:
+            self._warn_once("read", "disk cache %s cannot be read (%s); reading the origin", self.directory, exc)
+            return [False] * len(keys)
+        return [self._file_complete(k) if f is IN_FILE else bool(f) for k, f in zip(keys, found)]
+
+    def _file_complete(self, key: str) -> bool:
         try:
             with self.cache_dir.open_entry(digest(key)) as f:
                 header, start = entry.read_file_header(f)
@@ -176,6 +249,64 @@ class DiskTier(Tier):
             return False
 
     def put(self, key: str, value: bytes) -> bool:
+        if self.packed is None:
+            return self._put_file(key, value)
+        return self.put_many([(key, value)])[0]
+
+    def put_many(self, items: Iterable[tuple[str, bytes]]) -> list[bool]:
+        """Store many entries, each as :meth:`put`; format "packed": one write transaction for
+        the objects below 1 MiB (larger ones: a file each, then their pointers)."""
+        items = list(items)
+        if self.packed is None:
+            return [self._put_file(key, value) for key, value in items]
+        if self._passthrough:
+            self.stats.rejected += len(items)
+            return [False] * len(items)
+        small = [i for i, (_, v) in enumerate(items) if len(v) < FILE_MIN]
+        results = [False] * len(items)
+        try:
+            records = [(entry.packed_digest(items[i][0]), entry.encode_packed(*items[i])) for i in small]
+            for i, status, (_, rec) in zip(small, self.packed.put_many(records, self.budget), records):
+                results[i] = self._admitted(status, len(items[i][1]), len(rec))
+            for i in sorted(set(range(len(items))) - set(small)):
+                results[i] = not self._passthrough and self._put_large(*items[i])
+        except OSError as exc:
+            self._fault(exc)
+            return results
+        self.recorder.maybe_flush()
+        return results
+
+    def _admitted(self, status: str, value_bytes: int, n: int) -> bool:
+        if status == "stored":
+            self.stats.puts += 1
+            self.stats.bytes_written += value_bytes
+            return True
+        if status == "exists":
+            return True
+        if status == "full" and not self._passthrough:
+            self._exhausted(self.read_used(), n)
+        else:
+            self.stats.rejected += 1
+        return False
+
+    def _put_large(self, key: str, value: bytes) -> bool:
+        """A large object in packed format: its file first, then its pointer (budget, used)."""
+        assert self.packed is not None
+        name, d = digest(key), entry.packed_digest(key)
+        if self.packed.contains([d])[0] is IN_FILE and self._file_complete(key):
+            return True
+        header = entry.encode_header(key, value)
+        n = len(header) + len(value)
+        if n > self.budget:
+            self.stats.rejected += 1
+            return False
+        self.cache_dir.store_entry(name, (header, value))
+        status = self.packed.put_many([(d, pointer(key, n))], self.budget)[0]
+        if status in ("full", "oversized"):
+            self.cache_dir.remove_entry(name)  # the file this put wrote, never another's
+        return self._admitted(status, len(value), n)
+
+    def _put_file(self, key: str, value: bytes) -> bool:
         if self._passthrough:
             self.stats.rejected += 1
             return False
@@ -233,7 +364,7 @@ class DiskTier(Tier):
 
     def _fault(self, exc: OSError) -> None:
         self.stats.rejected += 1
-        if exc.errno in _FULL_ERRNOS:
+        if exc.errno in _FULL_ERRNOS or isinstance(exc, StoreFault):
             self._passthrough = True
             self._warn_once(
                 "nospace",
@@ -255,9 +386,22 @@ class DiskTier(Tier):
             logger.warning(msg, *args)
 
     def delete(self, key: str) -> None:
-        self.drop_entry(digest(key))
+        if self.packed is None:
+            self.drop_entry(digest(key))
+            return
+        try:
+            rec = self.packed.delete(entry.packed_digest(key))
+            if rec is not None and rec[:4] == b"FLPF":
+                self.cache_dir.remove_entry(digest(key))
+        except OSError as exc:
+            self._warn_once("drop", "disk cache %s: cannot delete %s (%s)", self.directory, key, exc)
 
     def keys(self) -> Iterator[str]:
+        if self.packed is not None:
+            for _, rec in self.packed.records():
+                with contextlib.suppress(entry.CorruptEntry):
+                    yield record_key(rec)
+            return
         for f in self.entries():
             try:
                 with self.cache_dir.open_entry(f.name) as fh:
@@ -282,15 +426,27 @@ class DiskTier(Tier):
 
     def close(self) -> None:
         self.recorder.flush()
+        if self.packed is not None:
+            try:
+                self.packed.flush()
+            except OSError as exc:
+                logger.debug("disk cache %s: could not flush the packed store: %s", self.directory, exc)
 
     # -- what maintenance (fastload.cache.maintenance) uses ------------------------------
 
     def entries(self) -> Iterator[Found]:
-        """fastload's entry files (regular files with entry names in entry subdirectories)."""
+        """fastload's entries: format "files": its entry files; "packed": one per record
+        (the large objects' pointers included), named by the digest's hex."""
+        if self.packed is not None:
+            where = self.cache_dir.packed_path() / "data.mdb"
+            return (Found(where, d.hex(), accounted(rec)) for d, rec in self.packed.records())
         return (f for f in self.cache_dir.walk_entries() if f.foreign is None)
 
     def read_used(self) -> int:
-        """Bytes in entries/ (call under the index lock); recounted if the counter is unreadable."""
+        """Bytes of the entries (format "files": call under the index lock; recounted if the
+        counter is unreadable)."""
+        if self.packed is not None:
+            return self.packed.used()
         used = self.cache_dir.read_used()
         return used if used is not None else sum(f.size for f in self.entries())
 
@@ -339,5 +495,5 @@ class DiskTier(Tier):
         return maintenance.recorded_stats(self)
 
 
-def _reopen_disk_tier(directory: str, size: int | str | None, policy: Policy) -> DiskTier:
-    return DiskTier(directory, size=size, policy=policy)
+def _reopen_disk_tier(directory: str, size: int | str | None, policy: Policy, format: DiskFormat) -> DiskTier:
+    return DiskTier(directory, size=size, policy=policy, format=format)

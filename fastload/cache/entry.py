@@ -22,6 +22,8 @@ import json
 import struct
 from typing import BinaryIO
 
+import xxhash
+
 from fastload.cache.keys import checksum
 
 MAGIC = b"FLC1"
@@ -86,3 +88,67 @@ def decode(blob: bytes, *, expect_key: str | None = None) -> bytes:
     if checksum(value) != header["xxh64"]:
         raise CorruptEntry("checksum mismatch (xxh64)")
     return value
+
+
+# -- the packed store's records (fastload.cache.packed) -----------------------------------
+#
+# A record in the packed store is the same idea in binary, so a read costs a struct unpack
+# and one xxh64 instead of a JSON parse:
+#
+#     b"FLP1" | key length (uint32) | size (uint64) | xxh64 (uint64) | key (UTF-8) | value
+#
+# The store's own key is the 16-byte xxh3-128 of the cache key (packed_digest); the record
+# keeps the cache key, so a hash collision is a miss and `verify` can name the entry.
+
+PACKED_MAGIC = b"FLP1"
+_PACKED = struct.Struct("<4sIQQ")
+PACKED_PREFIX = _PACKED.size
+
+
+def _key_bytes(key: str) -> bytes:
+    return key.encode("utf-8", "surrogatepass")
+
+
+def packed_digest(key: str) -> bytes:
+    """The packed store's 16-byte key of the cache key ``key`` (xxh3-128, as :func:`digest`)."""
+    return xxhash.xxh3_128_digest(_key_bytes(key))
+
+
+def encode_packed(key: str, value: bytes) -> bytes:
+    """The packed store's record of ``key`` and ``value``: binary header, key, value."""
+    raw = _key_bytes(key)
+    return _PACKED.pack(PACKED_MAGIC, len(raw), len(value), xxhash.xxh64_intdigest(value)) + raw + value
+
+
+def packed_header(blob: bytes | memoryview) -> tuple[str, int, int, int]:
+    """(key, size, xxh64, start of the value) of a packed record; CorruptEntry if unreadable."""
+    if len(blob) < PACKED_PREFIX:
+        raise CorruptEntry("truncated record header")
+    magic, klen, size, xxh = _PACKED.unpack_from(blob)
+    if magic != PACKED_MAGIC or klen > MAX_HEADER or len(blob) < PACKED_PREFIX + klen:
+        raise CorruptEntry("not a fastload record (bad magic or truncated key)")
+    try:
+        key = bytes(blob[PACKED_PREFIX : PACKED_PREFIX + klen]).decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as exc:
+        raise CorruptEntry(f"unreadable key: {exc}") from exc
+    return key, size, xxh, PACKED_PREFIX + klen
+
+
+def decode_packed(blob: bytes | memoryview, *, expect_key: str) -> bytes:
+    """The validated value of a packed record (``blob`` may be a view into the store's map).
+
+    Raises CorruptEntry when size or checksum are wrong, KeyMismatch (with the record's key)
+    when the record is another key's.
+    """
+    if len(blob) < PACKED_PREFIX:
+        raise CorruptEntry("truncated record header")
+    magic, klen, size, xxh = _PACKED.unpack_from(blob)
+    start = PACKED_PREFIX + klen
+    if magic != PACKED_MAGIC or blob[PACKED_PREFIX:start] != _key_bytes(expect_key):
+        raise KeyMismatch(packed_header(blob)[0])  # CorruptEntry if it is no record at all
+    value = blob[start:]
+    if len(value) != size:
+        raise CorruptEntry(f"size {len(value)} bytes, expected {size} (truncated?)")
+    if xxhash.xxh64_intdigest(value) != xxh:
+        raise CorruptEntry("checksum mismatch (xxh64)")
+    return bytes(value)

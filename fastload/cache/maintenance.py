@@ -1,7 +1,9 @@
 """What ``fastload cache stats|verify|clear`` do to a disk cache directory.
 
 Each function takes an open :class:`~fastload.cache.disk.DiskTier` and uses only its public
-methods and its :class:`~fastload.cache.cachedir.CacheDir`. Nothing here deletes a file it
+methods, its :class:`~fastload.cache.cachedir.CacheDir` and, in format "packed", its
+:class:`~fastload.cache.packed.PackedStore` (records are checked as files are; ``clear``
+empties the store's records and keeps LMDB's files, which are fastload's). Nothing here deletes a file it
 cannot prove is fastload's (NOTE [a cache directory holds only fastload's files]): an entry
 is a regular file in ``entries/<xx>/`` named by a 32-hex digest starting with ``xx`` whose
 header, where readable, holds a key with that digest; a temporary file is a regular file in
@@ -28,6 +30,7 @@ from fastload.cache import entry
 from fastload.cache.cachedir import Foreign
 from fastload.cache.diskstats import STATS_FILE, load_stats
 from fastload.cache.keys import digest
+from fastload.cache.packed import accounted, is_pointer, record_key
 from fastload.cache.tier import TierStats
 
 if TYPE_CHECKING:
@@ -60,7 +63,10 @@ class ClearReport:
 
 
 def rescan(tier: DiskTier) -> tuple[int, int]:
-    """Recount entries and bytes from the files and store the count; (entries, bytes)."""
+    """Recount entries and bytes (files, or the packed store's records) and store the count;
+    (entries, bytes)."""
+    if tier.packed is not None:
+        return tier.packed.rescan()
     with tier.cache_dir.index_lock(_LOCK_TIMEOUT_S):
         sizes = [f.size for f in tier.entries()]
         tier.cache_dir.write_used(sum(sizes))
@@ -72,10 +78,14 @@ def verify(tier: DiskTier, *, drop: bool = False) -> CorruptReport:
     name; name the corrupt ones (deleted if ``drop``) and every foreign name (never deleted)."""
     report = CorruptReport()
     cache_dir = tier.cache_dir
+    if tier.packed is not None:
+        _verify_packed(tier, report, drop=drop)
     for found in cache_dir.walk_entries():
         if found.foreign is not None:
             report.foreign.append((str(found.path), found.foreign))
             continue
+        if tier.packed is not None:
+            continue  # a large object's file: checked through its pointer above
         try:
             with cache_dir.open_entry(found.name) as f:
                 blob = f.read()
@@ -101,11 +111,56 @@ def verify(tier: DiskTier, *, drop: bool = False) -> CorruptReport:
     return report
 
 
+def _verify_packed(tier: DiskTier, report: CorruptReport, *, drop: bool) -> None:
+    """Check every record of the packed store (and the file of each large object's pointer)."""
+    assert tier.packed is not None
+    where = tier.cache_dir.packed_path() / "data.mdb"
+    bad = []
+    for d, rec in tier.packed.records():
+        report.checked += 1
+        report.bytes += accounted(rec)
+        try:
+            key = record_key(rec)
+        except entry.CorruptEntry as exc:
+            bad.append((d, f"{d.hex()} ({where})", str(exc)))
+            continue
+        if entry.packed_digest(key) != d:
+            why: str | None = "its header key does not digest to its record's name (an altered header); it would never be served"
+        elif is_pointer(rec):
+            why = _file_problem(tier, key)
+        else:
+            try:
+                entry.decode_packed(rec, expect_key=key)
+                why = None
+            except entry.CorruptEntry as exc:
+                why = str(exc)
+        if why is not None:
+            bad.append((d, f"{key} ({where}, record {d.hex()})", why))
+    for d, name, why in bad:
+        report.corrupt.append((name, why))
+        if drop:
+            rec = tier.packed.delete(d)
+            if rec is not None and is_pointer(rec):
+                with contextlib.suppress(entry.CorruptEntry, OSError):
+                    tier.cache_dir.remove_entry(digest(record_key(rec)))
+
+
+def _file_problem(tier: DiskTier, key: str) -> str | None:
+    try:
+        with tier.cache_dir.open_entry(digest(key)) as f:
+            blob = f.read()
+    except OSError as exc:
+        return f"its file {tier.path_of(key)} is missing or unreadable: {exc}"
+    return _problem(blob, digest(key))
+
+
 def clear(tier: DiskTier) -> ClearReport:
     """Delete every entry, stale temporary file and the recorded counters; leave the rest."""
     tier.recorder.flush()
     report = ClearReport()
     cache_dir = tier.cache_dir
+    if tier.packed is not None:
+        report.entries, report.bytes, _ = tier.packed.clear()
     with cache_dir.index_lock(_LOCK_TIMEOUT_S):
         left = 0
         for found in cache_dir.walk_entries():
@@ -116,8 +171,9 @@ def clear(tier: DiskTier) -> ClearReport:
                 except Foreign as exc:
                     why = exc.why
                 else:
-                    report.entries += size is not None
-                    report.bytes += size or 0
+                    if tier.packed is None:  # packed: counted as the pointers they had
+                        report.entries += size is not None
+                        report.bytes += size or 0
                     continue
             report.foreign.append((str(found.path), why))
             if found.foreign is None:
@@ -128,7 +184,8 @@ def clear(tier: DiskTier) -> ClearReport:
             else:
                 report.foreign.append((str(found.path), found.foreign))
         cache_dir.remove_file(STATS_FILE)
-        cache_dir.write_used(left)
+        if tier.packed is None:
+            cache_dir.write_used(left)
     tier.recorder.reset()
     return report
 

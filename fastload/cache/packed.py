@@ -1,0 +1,416 @@
+"""The packed store: the disk tier's small entries in one LMDB environment (``packed/``).
+
+NOTE [packed store]
+A cache directory of format "packed" (NOTE [cache formats] in :mod:`.cachedir`) keeps every
+object below FILE_MIN bytes as one record in LMDB, keyed by the 16-byte xxh3-128 of its
+cache key (:func:`~fastload.cache.entry.packed_digest`); the record is fastload's own
+header (key, size, xxh64) and the value (:func:`~fastload.cache.entry.encode_packed`), so a
+read validates it as it validates a file. Larger objects keep a file each in ``entries/``
+(written by the disk tier as in format "files"), indexed here by a *pointer record*: the
+same header, magic ``FLPF``, no value. So this store is the one index of the directory:
+
+* ``used`` (bytes of records plus the pointed-to files) lives in the ``meta`` database and
+  changes in the same write transaction as the records: LMDB has one writer at a time
+  across processes, so concurrent writers never overshoot the budget.
+* A put is one write transaction, a batch (:meth:`PackedStore.put_many`) too; a read is one
+  read transaction, no lock, no system call (LMDB maps the file).
+* Policy "lru": reads are noted in memory (a coarse clock: whole seconds) and written to the
+  ``atimes`` database with the next put's transaction, or when 4096 are pending, or every
+  5 s; so a get never costs a write transaction, and the order is off by at most those
+  seconds or one process's unwritten reads. An eviction (in the put's transaction) reads
+  every atime and deletes the oldest records down to 90% of the budget.
+* One environment per process and directory: LMDB forbids opening the same files twice in
+  a process (closing one releases the other's POSIX locks; py-lmdb refuses it), so the
+  instances of a process share it (``_ENVS``) and never close it. A forked child must not
+  use its parent's, and py-lmdb lets it open its own only once the inherited one is
+  closed: the fork hook closes it in the child, which touches only the child's copies
+  (descriptors, maps) and the reader slots of transactions open at the fork. Ours are a
+  get's few microseconds, and what such a read returns is still checked by its xxh64. If
+  a thread of the parent was inside a write transaction at the fork (its mutex is held),
+  closing would wait for a thread that does not exist in the child: the environment is
+  then abandoned, the child cannot open the store and its disk tier is pass-through (one
+  warning); fork-started workers are made between epochs, when such a window is rare.
+* Commits are not flushed; NOTE [packed durability] in :mod:`.packedsync` says what a
+  crash can do and how the next process notices.
+
+Example::
+
+    >>> store = PackedStore(cache_dir, lru=False)
+    >>> store.put_many([(entry.packed_digest("k"), entry.encode_packed("k", b"v"))], budget=10**6)
+    ['stored']
+    >>> store.get(entry.packed_digest("k"), "k")
+    b'v'
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+import lmdb
+
+from fastload.cache import entry
+from fastload.cache.cachedir import CacheDir
+from fastload.cache.packedsync import (
+    SyncMarks,
+    check_marks,
+    clear_marks,
+    file_ids,
+    prepare_files,
+    remove_files,
+)
+from fastload.cache.safefs import Foreign
+
+logger = logging.getLogger(__name__)
+
+FILE_MIN = 1 << 20
+"""Objects of this many bytes or more get a file each (page-sized copies gain nothing)."""
+FILE_MAGIC = b"FLPF"
+LOW_WATER = 0.9
+ATIMES_PENDING = 4096
+ATIMES_EVERY_S = 5.0
+INDEX_TIMEOUT_S = 30.0
+_MAP_MIN, _MAP_MAX = 1 << 30, 1 << 46
+_USED = b"used"
+_SECONDS = struct.Struct("<Q")
+
+Status = Literal["stored", "exists", "full", "oversized"]
+IN_FILE = object()
+"""What :meth:`PackedStore.get` returns for a large object: read its entry file."""
+
+
+class StoreFault(OSError):
+    """The packed store failed (LMDB's error is the cause); ENOSPC when its map is full."""
+
+
+@dataclass
+class _Env:
+    """One process's LMDB environment of one directory, shared by its PackedStores."""
+
+    env: lmdb.Environment
+    entries: object
+    atimes: object
+    meta: object
+    marks: SyncMarks
+    mutex: threading.Lock = field(default_factory=threading.Lock)
+
+
+_ENVS: dict[tuple[int, int], _Env] = {}
+_ABANDONED: list[object] = []  # never closed (see NOTE): a write was in flight at a fork
+
+
+def _close_after_fork() -> None:
+    """In a forked child: close the parent's environments (see NOTE [packed store])."""
+    for held in _ENVS.values():
+        if held.mutex.acquire(blocking=False):
+            try:
+                held.env.close()
+            except lmdb.Error as exc:
+                logger.debug("closing an inherited packed store failed: %s", exc)
+        else:
+            _ABANDONED.append(held)
+    _ENVS.clear()
+
+
+os.register_at_fork(after_in_child=_close_after_fork)
+
+
+def is_pointer(blob: bytes | memoryview) -> bool:
+    """Whether a record points to an entry file (a large object) instead of holding the value."""
+    return blob[:4] == FILE_MAGIC
+
+
+def pointer(key: str, file_bytes: int) -> bytes:
+    """The record that indexes a large object's entry file of ``file_bytes`` bytes."""
+    raw = key.encode("utf-8", "surrogatepass")
+    return FILE_MAGIC + struct.pack("<IQQ", len(raw), file_bytes, 0) + raw
+
+
+def accounted(blob: bytes | memoryview) -> int:
+    """Bytes a record counts in ``used``: its length, or the pointed-to file's size."""
+    if is_pointer(blob):
+        return struct.unpack_from("<Q", blob, 8)[0]
+    return len(blob)
+
+
+def record_key(blob: bytes | memoryview) -> str:
+    """The cache key a record names (CorruptEntry if its header is unreadable)."""
+    if is_pointer(blob):
+        blob = entry.PACKED_MAGIC + bytes(blob[4:])
+    return entry.packed_header(blob)[0]
+
+
+class PackedStore:
+    """The LMDB environment in ``cache_dir/packed``: records, pointers, ``used``, atimes.
+
+    Args:
+        cache_dir: an opened directory of format "packed".
+        lru: note reads and evict the least recently read records when a put needs room.
+    """
+
+    def __init__(self, cache_dir: CacheDir, *, lru: bool) -> None:
+        if cache_dir.packed_fd is None:
+            raise ValueError(f"{cache_dir.path} is not of format 'packed'")
+        self.cache_dir = cache_dir
+        self.lru = lru
+        self.path = cache_dir.packed_path()
+        self._atimes: dict[bytes, int] = {}
+        self._atimes_at = time.monotonic()
+        self._pid = -1
+        self._env = self._open(check=True)
+
+    # -- the environment -----------------------------------------------------------------
+
+    def _open(self, *, check: bool) -> _Env:
+        """This process's environment of the directory, opened if needed (see NOTE)."""
+        fd = self.cache_dir.packed_fd
+        assert fd is not None
+        crashed, dead = False, []
+        if check:
+            with self.cache_dir.index_lock(INDEX_TIMEOUT_S):
+                crashed, dead = check_marks(fd)
+                if crashed:
+                    logger.warning(
+                        "disk cache %s: the system went down while commits of its packed store "
+                        "were not on disk, so the store may be damaged; it is made anew and its "
+                        "objects are fetched again", self.cache_dir.path)
+                    remove_files(fd)
+                    clear_marks(fd)
+                ids = prepare_files(fd, self.path)
+                held = _ENVS.get(ids[0])
+                held = held if held is not None else self._new_env(fd, ids)
+        else:
+            ids = prepare_files(fd, self.path)
+            held = _ENVS.get(ids[0]) or self._new_env(fd, ids)
+        if dead:  # their commits are sound, only not flushed yet
+            held.env.sync(True)
+            clear_marks(fd, dead)
+        if crashed:
+            self._reindex_files(held)
+        self._pid = os.getpid()
+        return held
+
+    def _new_env(self, fd: int, ids: list[tuple[int, int]]) -> _Env:
+        st = os.fstatvfs(fd)
+        map_size = min(max(st.f_blocks * st.f_frsize, _MAP_MIN), _MAP_MAX)
+        try:
+            env = lmdb.open(str(self.path), map_size=map_size, subdir=True, sync=False,
+                            metasync=False, readahead=False, max_dbs=3, max_readers=1024)
+        except lmdb.Error as exc:
+            raise StoreFault(errno.EIO, f"cannot open the packed store {self.path}: {exc}") from exc
+        if file_ids(fd) != ids:  # swapped while LMDB opened them by name: not ours to write
+            _ABANDONED.append(env)  # never closed: its locks may be shared (see NOTE)
+            raise Foreign(self.path, "changed while it was opened (a file swapped for another)")
+        held = _Env(env, env.open_db(b"entries"), env.open_db(b"atimes"), env.open_db(b"meta"),
+                    SyncMarks(fd, self.path))
+        _ENVS[ids[0]] = held
+        return held
+
+    def _held(self) -> _Env:
+        if self._pid != os.getpid():  # a forked child: its own environment, no checks
+            self._atimes.clear()
+            self._env = self._open(check=False)
+        return self._env
+
+    def _reindex_files(self, held: _Env) -> None:
+        """Point to every large object's entry file (after the store was made anew)."""
+        from fastload.cache.keys import digest
+
+        with held.env.begin(write=True) as txn:
+            used = 0
+            for found in self.cache_dir.walk_entries():
+                if found.foreign is not None or found.size < FILE_MIN:
+                    continue
+                try:
+                    with self.cache_dir.open_entry(found.name) as f:
+                        key = entry.read_file_header(f)[0]["key"]
+                except (OSError, entry.CorruptEntry):
+                    continue
+                if isinstance(key, str) and digest(key) == found.name:
+                    txn.put(entry.packed_digest(key), pointer(key, found.size), db=held.entries)
+                    used += found.size
+            txn.put(_USED, b"%d" % used, db=held.meta)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get(self, d: bytes, key: str) -> bytes | object | None:
+        """The validated value under ``d``, IN_FILE (a large object: read its file), or None.
+
+        Raises CorruptEntry or KeyMismatch as :func:`~fastload.cache.entry.decode_packed`.
+        """
+        held = self._held()
+        try:
+            with held.env.begin(db=held.entries, buffers=True) as txn:
+                blob = txn.get(d)
+                if blob is None:
+                    return None
+                value = IN_FILE if is_pointer(blob) else entry.decode_packed(blob, expect_key=key)
+        except lmdb.Error as exc:
+            raise StoreFault(errno.EIO, f"cannot read the packed store {self.path}: {exc}") from exc
+        if self.lru:
+            self._note_read(d)
+        return value
+
+    def contains(self, ds: list[bytes]) -> list[bool | object]:
+        """Whether a record is stored under each digest, IN_FILE for a large object's pointer
+        (check its file); one read transaction."""
+        held = self._held()
+        try:
+            with held.env.begin(db=held.entries, buffers=True) as txn:
+                found = [txn.get(d) for d in ds]
+                return [IN_FILE if b is not None and is_pointer(b) else b is not None for b in found]
+        except lmdb.Error as exc:
+            raise StoreFault(errno.EIO, f"cannot read the packed store {self.path}: {exc}") from exc
+
+    def _note_read(self, d: bytes) -> None:
+        self._atimes[d] = int(time.time())
+        if len(self._atimes) >= ATIMES_PENDING or time.monotonic() - self._atimes_at > ATIMES_EVERY_S:
+            self._commit(lambda held, txn: None)
+
+    def used(self) -> int:
+        """Bytes of records and pointed-to files, as committed."""
+        held = self._held()
+        with held.env.begin(db=held.meta) as txn:
+            return int(txn.get(_USED) or 0)
+
+    def records(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every (digest, record) stored, in digest order (one read transaction)."""
+        held = self._held()
+        with held.env.begin(db=held.entries) as txn:
+            yield from txn.cursor()
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def _commit(self, write, *, flush: bool = False):
+        """Run ``write(held, txn)`` in one write transaction with the pending atimes."""
+        held = self._held()
+        with held.mutex:
+            try:
+                held.marks.before_commit()
+                with held.env.begin(write=True) as txn:
+                    if self._atimes:
+                        pending, self._atimes = self._atimes, {}
+                        for d, t in pending.items():
+                            if txn.get(d, db=held.entries) is not None:
+                                txn.put(d, _SECONDS.pack(t), db=held.atimes)
+                    result = write(held, txn)
+                self._atimes_at = time.monotonic()
+                if flush or held.marks.due():
+                    held.env.sync(True)
+                    held.marks.flushed()
+            except lmdb.MapFullError as exc:
+                raise StoreFault(errno.ENOSPC, f"the packed store {self.path} is full: {exc}") from exc
+            except lmdb.Error as exc:
+                raise StoreFault(errno.EIO, f"cannot write the packed store {self.path}: {exc}") from exc
+        return result
+
+    def put_many(self, records: list[tuple[bytes, bytes]], budget: int) -> list[Status]:
+        """Store (digest, record) pairs in one transaction, within ``budget`` bytes; a status
+        each. Under policy "keep" the first record that does not fit ends the admissions."""
+
+        def write(held: _Env, txn: lmdb.Transaction) -> list[Status]:
+            used = int(txn.get(_USED, db=held.meta) or 0)
+            now = _SECONDS.pack(int(time.time()))
+            out: list[Status] = []
+            full = False
+            for d, rec in records:
+                if txn.get(d, db=held.entries) is not None:
+                    out.append("exists")
+                    continue
+                n = accounted(rec)
+                if used + n > budget and self.lru and n <= budget:
+                    used = self._evict(held, txn, used, n, budget)
+                if full or used + n > budget:
+                    out.append("oversized" if n > budget else "full")
+                    full = full or (n <= budget and not self.lru)
+                    continue
+                txn.put(d, rec, db=held.entries)
+                if self.lru:
+                    txn.put(d, now, db=held.atimes)
+                used += n
+                out.append("stored")
+            txn.put(_USED, b"%d" % used, db=held.meta)
+            return out
+
+        return self._commit(write)
+
+    def _evict(self, held: _Env, txn: lmdb.Transaction, used: int, need: int, budget: int) -> int:
+        """Delete the least recently read records until ``need`` more bytes fit; new ``used``."""
+        target = min(budget - need, int(budget * LOW_WATER))
+        ages = sorted((_SECONDS.unpack(t)[0], d) for d, t in txn.cursor(db=held.atimes))
+        for _, d in ages:
+            if used <= target:
+                break
+            rec = txn.get(d, db=held.entries)
+            txn.delete(d, db=held.atimes)
+            if rec is not None:
+                used -= accounted(rec)
+                txn.delete(d, db=held.entries)
+                if is_pointer(rec):
+                    self._remove_file(record_key(rec))
+        return used
+
+    def _remove_file(self, key: str) -> None:
+        from fastload.cache.keys import digest
+
+        try:
+            self.cache_dir.remove_entry(digest(key))
+        except OSError as exc:
+            logger.debug("disk cache %s: cannot delete the file of %s: %s", self.cache_dir.path, key, exc)
+
+    def delete(self, d: bytes) -> bytes | None:
+        """Delete the record under ``d``; the record (a pointer: its file is the caller's)."""
+
+        def write(held: _Env, txn: lmdb.Transaction) -> bytes | None:
+            rec = txn.pop(d, db=held.entries)
+            txn.delete(d, db=held.atimes)
+            if rec is not None:
+                used = int(txn.get(_USED, db=held.meta) or 0) - accounted(rec)
+                txn.put(_USED, b"%d" % max(0, used), db=held.meta)
+            return rec
+
+        return self._commit(write)
+
+    def clear(self) -> tuple[int, int, list[str]]:
+        """Delete every record: (records, their bytes, the keys of the pointed-to files)."""
+
+        def write(held: _Env, txn: lmdb.Transaction) -> tuple[int, int, list[str]]:
+            n, size, files = 0, 0, []
+            for _, rec in txn.cursor(db=held.entries):
+                n += 1
+                size += accounted(rec)
+                if is_pointer(rec):
+                    files.append(record_key(rec))
+            txn.drop(held.entries, delete=False)
+            txn.drop(held.atimes, delete=False)
+            txn.put(_USED, b"0", db=held.meta)
+            return n, size, files
+
+        return self._commit(write, flush=True)
+
+    def rescan(self) -> tuple[int, int]:
+        """Recount records and bytes and store the count in ``used``; (records, bytes)."""
+
+        def write(held: _Env, txn: lmdb.Transaction) -> tuple[int, int]:
+            sizes = [accounted(rec) for _, rec in txn.cursor(db=held.entries)]
+            txn.put(_USED, b"%d" % sum(sizes), db=held.meta)
+            return len(sizes), sum(sizes)
+
+        return self._commit(write)
+
+    def flush(self) -> None:
+        """Write the pending atimes and put every commit of this process on disk."""
+        held = self._held()
+        if self._atimes:
+            self._commit(lambda held, txn: None, flush=True)
+        elif held.marks.marked:
+            with held.mutex:
+                held.env.sync(True)
+                held.marks.flushed()
