@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from fastload.cli import cli, main
 from fastload.cache import DiskTier
+from tests.cache_damage import damage
 from tests.fixtures.s3 import S3Server, upload_folder
 
 
@@ -38,8 +39,7 @@ def test_warm_stats_verify_clear(s3_server, s3_jpegs, tmp_path):
 
     assert _run("cache", "verify", cache).exit_code == 0
     victim = next(DiskTier(cache).keys())
-    path = DiskTier(cache).path_of(victim)
-    path.write_bytes(path.read_bytes()[:-3])
+    damage(DiskTier(cache), victim, lambda b: b[:-3])
     bad = _run("cache", "verify", cache)
     assert bad.exit_code == 1 and f"CORRUPT {victim}" in bad.stdout
     assert _run("cache", "verify", cache, "--drop").exit_code == 1

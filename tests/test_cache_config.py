@@ -75,3 +75,24 @@ def test_redis_without_the_redis_package_names_the_pip_command(tmp_path, monkeyp
     with pytest.raises(MissingDependencyError, match=r"pip install 'fastload\[redis\]'") as info:
         open_cache({"disk": tmp_path / "d", "redis": "redis://127.0.0.1:1/0"})
     assert isinstance(info.value, ImportError)
+
+
+def test_disk_format_new_directories_are_packed_old_ones_keep_files(tmp_path):
+    new = open_cache(str(tmp_path / "new")).tiers[0]
+    assert new.format == "packed" and new.cache_dir.marker["format"] == 2
+    old = DiskTier(tmp_path / "old", format="files")  # as the code before the packed store made it
+    assert old.put("k", b"v") and old.cache_dir.marker["format"] == 1
+    reopened = open_cache({"disk": tmp_path / "old"}).tiers[0]  # no disk_format: the directory's
+    assert reopened.format == "files" and reopened.get("k") == b"v"
+    assert any((tmp_path / "old" / "entries").rglob("*")) and not (tmp_path / "old" / "packed").exists()
+    both = open_cache(CacheConfig(disk=tmp_path / "files2", disk_format="files")).tiers[0]
+    assert both.format == "files"
+
+
+@pytest.mark.parametrize(("have", "ask"), [("files", "packed"), ("packed", "files")])
+def test_asking_for_another_disk_format_names_the_directory(tmp_path, have, ask):
+    DiskTier(tmp_path / "c", format=have)
+    with pytest.raises(ConfigError, match=rf"{tmp_path / 'c'} holds a disk cache of format '{have}', not '{ask}'"):
+        open_cache({"disk": tmp_path / "c", "disk_format": ask})
+    with pytest.raises(ConfigError, match="disk_format must be 'packed' or 'files'"):
+        CacheConfig(disk=tmp_path / "c", disk_format="sqlite")

@@ -11,6 +11,7 @@ import torch
 
 from fastload import DataLoader, ImageFolder
 from fastload.cache import DiskTier, open_cache
+from tests.cache_damage import damage
 from fastload.cache.filesystem import CachedReads
 from fastload.errors import ObjectNotFoundError
 from fastload.io.storage import Storage
@@ -80,8 +81,7 @@ def test_a_corrupt_entry_is_refetched_from_the_origin(s3, s3_server, objects, tm
     cache = open_cache(tmp_path / "c")
     path = objects[1]
     good = cache.read(s3, path)
-    entry = cache.tiers[0].path_of(cache.key(s3, path))
-    entry.write_bytes(entry.read_bytes()[:-10])
+    damage(cache.tiers[0], cache.key(s3, path), lambda b: b[:-10])
     s3_server.reset_counts()
     assert cache.read(s3, path) == good
     assert s3_server.count("GET", path) == 1

@@ -120,13 +120,13 @@ def test_an_empty_or_new_directory_becomes_a_marked_cache(tmp_path, where):
     tier = DiskTier(home)
     assert tier.put(KEY, b"abc") and tier.get(KEY) == b"abc"
     marker = json.loads((home / "fastload-cache.json").read_text())
-    assert marker["magic"] == "fastload cache directory" and marker["format"] == 1
+    assert marker["magic"] == "fastload cache directory" and marker["format"] == 2  # packed
     assert marker["fastload_version"] == fastload.__version__
     assert DiskTier(home, create=False).get(KEY) == b"abc"  # reopened, adopted by nobody
 
 
-def _cache_with_a_neighbour(tmp_path):
-    tier = DiskTier(tmp_path / "c")
+def _cache_with_a_neighbour(tmp_path, fmt="files"):
+    tier = DiskTier(tmp_path / "c", format=fmt)
     assert tier.put("s3://bucket/other#v=1", b"neighbour")
     return tier
 
@@ -196,7 +196,7 @@ def test_a_symlinked_fixed_name_is_refused_when_the_cache_opens(tmp_path, outsid
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("name", ["used", "stats.json", "tmp", "locks", ".index.lock", "lockfile"])
 def test_a_symlink_planted_while_a_process_uses_the_cache_is_not_followed(tmp_path, outside, name):
-    tier = DiskTier(tmp_path / "c", size="1MB")
+    tier = DiskTier(tmp_path / "c", size="1MB", format="files")
     cache = open_cache({"disk": tier.directory})
     home = tier.directory
     if name == "lockfile":
@@ -235,7 +235,7 @@ def test_a_symlink_planted_while_a_process_uses_the_cache_is_not_followed(tmp_pa
 
 @pytest.mark.timeout(30)
 def test_a_hard_linked_used_file_is_not_written(tmp_path, outside):
-    tier = DiskTier(tmp_path / "c")
+    tier = DiskTier(tmp_path / "c", format="files")  # format "packed" keeps no used file
     assert tier.put("s3://bucket/other#v=1", b"neighbour")
     (tier.directory / "used").unlink()
     os.link(outside / "victim.bin", tier.directory / "used")
@@ -247,7 +247,7 @@ def test_a_hard_linked_used_file_is_not_written(tmp_path, outside):
 
 @pytest.mark.timeout(60)
 def test_clear_deletes_only_its_own_entries_and_lists_the_rest(tmp_path, capsys):
-    tier = DiskTier(tmp_path / "c")
+    tier = DiskTier(tmp_path / "c", format="files")
     for i in range(5):
         assert tier.put(f"s3://b/{i}#v=1", b"x" * 100)
     home = tier.directory
@@ -280,7 +280,7 @@ def test_clear_deletes_only_its_own_entries_and_lists_the_rest(tmp_path, capsys)
 
 @pytest.mark.timeout(60)
 def test_verify_reports_an_entry_whose_header_key_was_altered(tmp_path, capsys, caplog):
-    tier = DiskTier(tmp_path / "c")
+    tier = DiskTier(tmp_path / "c", format="files")
     assert tier.put(KEY, b"payload")
     path = tier.path_of(KEY)
     path.write_bytes(encode_header("s3://bucket/forged#v=1", b"payload") + b"payload")
@@ -312,3 +312,35 @@ def test_stats_shows_the_budget_the_loader_used(tmp_path, jpeg_root, capsys):
     assert DiskTier(home).budget == 3_000_000  # later opens without disk_size keep it
     fresh = json.loads(run("stats", DiskTier(tmp_path / "d").directory, "--json")[1])
     assert fresh["budget_source"] == "default" and fresh["budget"] > 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["data.mdb", "lock.mdb"])
+def test_a_symlink_for_the_packed_store_is_never_opened(tmp_path, outside, name, capsys):
+    tier = _cache_with_a_neighbour(tmp_path, "packed")
+    tier.close()
+    home = tier.directory
+    planted = home / "packed" / name
+    planted.unlink()
+    planted.symlink_to(outside / "victim.bin")
+    before = snapshot(outside)
+    code, _, err = run_main(capsys, "verify", home)
+    assert code == 2 and str(planted) in err and "symlink" in err
+    with pytest.raises(CacheError, match="symlink"):
+        DiskTier(home)
+    assert snapshot(outside) == before
+
+
+@pytest.mark.timeout(60)
+def test_packed_clear_and_verify_leave_foreign_names_alone(tmp_path):
+    tier = _cache_with_a_neighbour(tmp_path, "packed")
+    assert tier.put(KEY, b"x" * (2 << 20))  # a large object: a file in entries/
+    foreign = tier.directory / "packed" / "notes.txt"
+    foreign.write_text("mine")
+    code, out, _ = run("verify", tier.directory)
+    assert code == 1 and f"FOREIGN {foreign}" in out and "0 corrupt" in out
+    code, out, _ = run("clear", tier.directory)
+    assert code == 0 and " 2 entries" in out and f"LEFT {foreign}" in out
+    assert foreign.read_text() == "mine" and list(tier.keys()) == []
+    assert not tier.path_of(KEY).exists() and tier.read_used() == 0
+    assert (tier.directory / "packed" / "data.mdb").exists()  # emptied, not deleted

@@ -20,6 +20,7 @@ import pytest
 
 import fastload
 from fastload.cache import DiskTier
+from tests.cache_damage import damage
 from tests.fixtures.s3 import DUMMY_ENV
 
 FASTLOAD = str(Path(sys.executable).parent / "fastload")
@@ -72,8 +73,7 @@ def test_verify_exits_0_on_a_sound_cache_and_1_on_a_corrupt_entry(tmp_path):
     assert sound.returncode == 0 and "0 corrupt" in sound.stdout, sound
 
     victim = next(DiskTier(cache).keys())
-    path = DiskTier(cache).path_of(victim)
-    path.write_bytes(path.read_bytes()[:-3])
+    damage(DiskTier(cache), victim, lambda b: b[:-3])
     corrupt = _run("cache", "verify", str(cache))
     assert corrupt.returncode == 1 and f"CORRUPT {victim}" in corrupt.stdout, corrupt
     assert _module("cache", "verify", str(cache)).returncode == 1

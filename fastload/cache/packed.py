@@ -14,10 +14,10 @@ same header, magic ``FLPF``, no value. So this store is the one index of the dir
   across processes, so concurrent writers never overshoot the budget.
 * A put is one write transaction, a batch (:meth:`PackedStore.put_many`) too; a read is one
   read transaction, no lock, no system call (LMDB maps the file).
-* Policy "lru": reads are noted in memory (a coarse clock: whole seconds) and written to the
+* Policy "lru": reads are noted in memory (``time.time_ns()``) and written to the
   ``atimes`` database with the next put's transaction, or when 4096 are pending, or every
-  5 s; so a get never costs a write transaction, and the order is off by at most those
-  seconds or one process's unwritten reads. An eviction (in the put's transaction) reads
+  5 s; so a get never costs a write transaction, and the order another process sees is off
+  by at most those 5 s of this process's reads (an eviction in this process sees them all). An eviction (in the put's transaction) reads
   every atime and deletes the oldest records down to 90% of the budget.
 * One environment per process and directory: LMDB forbids opening the same files twice in
   a process (closing one releases the other's POSIX locks; py-lmdb refuses it), so the
@@ -67,6 +67,7 @@ from fastload.cache.packedsync import (
     remove_files,
 )
 from fastload.cache.safefs import Foreign
+from fastload.errors import CacheError
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ ATIMES_EVERY_S = 5.0
 INDEX_TIMEOUT_S = 30.0
 _MAP_MIN, _MAP_MAX = 1 << 30, 1 << 46
 _USED = b"used"
-_SECONDS = struct.Struct("<Q")
+_NANOS = struct.Struct("<Q")
 
 Status = Literal["stored", "exists", "full", "oversized"]
 IN_FILE = object()
@@ -170,6 +171,16 @@ class PackedStore:
 
     def _open(self, *, check: bool) -> _Env:
         """This process's environment of the directory, opened if needed (see NOTE)."""
+        try:
+            return self._open_env(check=check)
+        except Foreign as exc:
+            raise CacheError(
+                f"cache directory {self.cache_dir.path}: {exc.path} is {exc.why}. fastload never "
+                f"follows or replaces a name it did not make there: remove {exc.path} or give "
+                "the cache a new directory"
+            ) from None
+
+    def _open_env(self, *, check: bool) -> _Env:
         fd = self.cache_dir.packed_fd
         assert fd is not None
         crashed, dead = False, []
@@ -270,7 +281,7 @@ class PackedStore:
             raise StoreFault(errno.EIO, f"cannot read the packed store {self.path}: {exc}") from exc
 
     def _note_read(self, d: bytes) -> None:
-        self._atimes[d] = int(time.time())
+        self._atimes[d] = time.time_ns()
         if len(self._atimes) >= ATIMES_PENDING or time.monotonic() - self._atimes_at > ATIMES_EVERY_S:
             self._commit(lambda held, txn: None)
 
@@ -299,7 +310,7 @@ class PackedStore:
                         pending, self._atimes = self._atimes, {}
                         for d, t in pending.items():
                             if txn.get(d, db=held.entries) is not None:
-                                txn.put(d, _SECONDS.pack(t), db=held.atimes)
+                                txn.put(d, _NANOS.pack(t), db=held.atimes)
                     result = write(held, txn)
                 self._atimes_at = time.monotonic()
                 if flush or held.marks.due():
@@ -317,7 +328,7 @@ class PackedStore:
 
         def write(held: _Env, txn: lmdb.Transaction) -> list[Status]:
             used = int(txn.get(_USED, db=held.meta) or 0)
-            now = _SECONDS.pack(int(time.time()))
+            now = _NANOS.pack(time.time_ns())
             out: list[Status] = []
             full = False
             for d, rec in records:
@@ -344,7 +355,7 @@ class PackedStore:
     def _evict(self, held: _Env, txn: lmdb.Transaction, used: int, need: int, budget: int) -> int:
         """Delete the least recently read records until ``need`` more bytes fit; new ``used``."""
         target = min(budget - need, int(budget * LOW_WATER))
-        ages = sorted((_SECONDS.unpack(t)[0], d) for d, t in txn.cursor(db=held.atimes))
+        ages = sorted((_NANOS.unpack(t)[0], d) for d, t in txn.cursor(db=held.atimes))
         for _, d in ages:
             if used <= target:
                 break

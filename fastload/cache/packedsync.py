@@ -145,7 +145,9 @@ class SyncMarks:
     """
 
     def __init__(self, packed_fd: int, where: Path) -> None:
-        self.packed_fd = packed_fd
+        # Its own descriptor: the mark lives as long as the shared environment, which
+        # outlives the CacheDir that opened it (NOTE [packed store]).
+        self.packed_fd = os.dup(packed_fd)
         self.where = where
         self.name = f"{UNSYNCED}{boot_id()}-{os.getpid()}"
         self.marked = False

@@ -1,4 +1,5 @@
-"""The Tier contract (fastload.cache.tier), run on every tier: memory, disk and Redis.
+"""The Tier contract (fastload.cache.tier), run on every tier: memory, disk (both formats:
+one file per entry, and the packed LMDB store) and Redis.
 
 Every tier must: round-trip bytes, answer a missing key with None, delete, list its keys,
 accept the same put twice, pickle into another process (a shared tier keeps its entries),
@@ -24,12 +25,12 @@ HOSTILE_KEYS = [
 ]
 
 
-@pytest.fixture(params=["memory", "disk", "redis"])
+@pytest.fixture(params=["memory", "disk-files", "disk-packed", "redis"])
 def tier(request, tmp_path):
     if request.param == "memory":
         made = MemoryTier("64MB")
-    elif request.param == "disk":
-        made = DiskTier(tmp_path / "cache", size="64MB")
+    elif request.param.startswith("disk-"):
+        made = DiskTier(tmp_path / "cache", size="64MB", format=request.param.removeprefix("disk-"))
     else:
         from fastload.cache.redis_tier import RedisTier
 
@@ -87,3 +88,12 @@ def test_any_key_is_a_key_never_a_path(tier, key):
     assert list(tier.keys()) == [key]
     tier.delete(key)
     assert tier.get(key) is None
+
+
+def test_batches_store_and_check_each_item(tier):
+    items = [(f"{KEY}/{i}", bytes([i]) * (i + 1)) for i in range(5)]
+    assert tier.put_many(items[:3]) == [True, True, True]
+    assert tier.put_many(items) == [True] * 5  # the first three are already there
+    assert tier.contains_many([k for k, _ in items] + ["missing"]) == [True] * 5 + [False]
+    assert [tier.get(k) for k, _ in items] == [v for _, v in items]
+    assert tier.put_many([]) == [] and tier.contains_many([]) == []
