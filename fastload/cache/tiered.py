@@ -23,6 +23,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import fsspec
@@ -68,6 +69,20 @@ class Derivation(Protocol):
 # corrupt image) are served as they are and not stored at all, so the reader reports them
 # as it would without the derivation (ImageFolder: CorruptSampleError); this process
 # remembers them, so `ensure` (prefetch, warm) does not fetch them again and raises.
+
+
+@dataclass(frozen=True, slots=True)
+class Fill:
+    """Bytes read from the origin, checked and ready to store (:meth:`TieredCache.prepare`).
+
+    ``key`` is where to store ``value`` (the bytes, or their derived value), or None when it
+    must be served but not stored (it changed since its listing: NOTE [fetch-time version
+    check]); ``underivable`` says why the derivation rejected the bytes, if it did.
+    """
+
+    key: str | None
+    value: bytes
+    underivable: str | None = None
 
 
 class TieredCache:
@@ -185,7 +200,7 @@ class TieredCache:
         tier would store it: full). Raises :class:`~fastload.errors.CacheError` when the
         cache's derivation rejects the object's bytes (nothing is stored for it).
         """
-        targets = [t for t in self.tiers if t.shared or not shared_only]
+        targets = self._targets(shared_only)
         version = version or self.version(fs, path)
         key = self.key(fs, path, version)
         if key not in self._underivable:
@@ -194,13 +209,78 @@ class TieredCache:
             _, outcome = self._fill(fs, path, version, targets)
             if key not in self._underivable:
                 return outcome
+        raise self._underivable_error(fs.unstrip_protocol(path), self._underivable[key])
+
+    def _targets(self, shared_only: bool) -> list[Tier]:
+        return [t for t in self.tiers if t.shared or not shared_only]
+
+    def _underivable_error(self, url: str, why: str) -> CacheError:
         assert self.derive is not None
-        raise CacheError(
-            f"cannot cache {fs.unstrip_protocol(path)} as {self.derive.tag}: "
-            f"{self._underivable[key]}. Nothing is stored for it and a read serves its original "
-            "bytes (ImageFolder reports a corrupt image as a corrupt sample); replace or remove "
-            "the object"
+        return CacheError(
+            f"cannot cache {url} as {self.derive.tag}: {why}. Nothing is stored for it and a "
+            "read serves its original bytes (ImageFolder reports a corrupt image as a corrupt "
+            "sample); replace or remove the object"
         )
+
+    # NOTE [batched fills]: `cache warm` fills the shared tiers a batch at a time, not with
+    # `ensure` per object: one `contains_many` per tier for a batch of keys (resume), then
+    # `prepare` of each download (the same fetch-time version check and derivation as a
+    # read), then one `put_many` per tier. It takes no per-key lock: a batch holds objects
+    # nobody had cached a moment before, and an object two processes fetch at once is stored
+    # twice with the same bytes (puts are atomic), never served corrupt.
+
+    def missing(self, keys: Sequence[str], *, shared_only: bool = False) -> list[bool]:
+        """For each key, whether no tier holds it (one ``contains_many`` per tier, uncounted).
+
+        With ``shared_only`` only tiers other processes see are asked (NOTE [batched fills]).
+        Example::
+
+            >>> keys = [cache.key(fs, p, listing[p]["version"]) for p in paths]
+            >>> todo = [p for p, gone in zip(paths, cache.missing(keys)) if gone]
+        """
+        missing = [True] * len(keys)
+        for tier in self._targets(shared_only):
+            asked = [i for i, gone in enumerate(missing) if gone]
+            if not asked:
+                break
+            for i, found in zip(asked, tier.contains_many([keys[i] for i in asked])):
+                if found:
+                    missing[i] = False
+        return missing
+
+    def prepare(
+        self, url: str, version: str, data: bytes, read_version: str | None = None
+    ) -> Fill:
+        """What to store for ``data``, the bytes of ``url`` read from the origin.
+
+        ``version`` is the listed version, ``read_version`` the version of the bytes where
+        the read knew it (local files). Applies NOTE [fetch-time version check] and the
+        derivation (CPU work: call it off any event loop); counts an origin read. Raises
+        :class:`~fastload.errors.CacheError` when the derivation rejects the bytes.
+        """
+        fill = self._prepare(url, version, data, read_version)
+        if fill.underivable is not None:
+            raise self._underivable_error(url, fill.underivable)
+        return fill
+
+    def store_many(self, fills: Sequence[Fill], *, shared_only: bool = False) -> list[Outcome]:
+        """Store prepared fills, one ``put_many`` per tier; "fetched" or "rejected" for each.
+
+        A fill with no key (its bytes changed since the listing) is "fetched" and not stored,
+        as :meth:`ensure` reports it (NOTE [batched fills]).
+        """
+        targets = self._targets(shared_only)
+        keyed = [i for i, fill in enumerate(fills) if fill.key is not None]
+        items = [(fills[i].key, fills[i].value) for i in keyed]
+        stored = [False] * len(items)
+        for tier in targets:
+            for j, ok in enumerate(tier.put_many(items)):  # type: ignore[arg-type]
+                stored[j] = stored[j] or ok
+        outcomes: list[Outcome] = ["fetched"] * len(fills)
+        for i, ok in zip(keyed, stored):
+            if not ok and targets:
+                outcomes[i] = "rejected"
+        return outcomes
 
     def _fill(
         self, fs: fsspec.AbstractFileSystem, path: str, version: str, targets: list[Tier]
@@ -261,6 +341,13 @@ class TieredCache:
                 data, read_version = read_local(path, url)
             else:
                 data, read_version = read_whole(fs, path), None
+        fill = self._prepare(url, version, data, read_version)
+        if fill.key is None:
+            return fill.value, "fetched"
+        stored = self._store(fill.key, fill.value, targets)
+        return fill.value, "fetched" if stored or not targets else "rejected"
+
+    def _prepare(self, url: str, version: str, data: bytes, read_version: str | None) -> Fill:
         with self._mutex:
             self.origin_reads += 1
             self.origin_bytes += len(data)
@@ -275,12 +362,9 @@ class TieredCache:
         if self.derive is not None:  # NOTE [derived entries]
             derived = self._derived(url, version, data)
             if derived is None:
-                return data, "fetched"
+                return Fill(None, data, self._underivable[self._key(url, version)])
             data = derived
-        if keep is None:
-            return data, "fetched"
-        stored = self._store(self._key(url, keep), data, targets)
-        return data, "fetched" if stored or not targets else "rejected"
+        return Fill(None if keep is None else self._key(url, keep), data)
 
     def _derived(self, url: str, version: str, data: bytes) -> bytes | None:
         """``derive(data)``, or None (remembered) when the derivation rejects the bytes."""

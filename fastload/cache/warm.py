@@ -8,7 +8,9 @@ warms every n-th object, so n nodes (each with its own disk) split a dataset. Wi
 :mod:`fastload.data.transcode`) it fills the derived entries, under the keys the readers of a
 cache with that derivation look up (NOTE [derived entries] in :mod:`fastload.cache.tiered`).
 
-A warm stops early when the origin looks down (NOTE [warm circuit breaker]) and raises
+Reads run concurrently the way the storage serves them fastest and downloads are stored in
+batches (NOTE [warm pipeline] in :mod:`fastload.cache.warm_pipeline`). A warm stops early
+when the origin looks down (NOTE [warm circuit breaker]) and raises
 :class:`~fastload.errors.OriginUnavailableError` with the counts, instead of failing every
 remaining object one timeout at a time.
 
@@ -23,13 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastload.cache.build import open_cache
+from fastload.cache.warm_pipeline import Breaker, fill_shared
 from fastload.errors import ConfigError, FastloadError, ObjectNotFoundError, OriginUnavailableError
 from fastload.io.origin import is_unavailable
 from fastload.io.storage import Storage
@@ -84,39 +85,6 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
-# NOTE [warm circuit breaker]
-# Against a dead or stalled origin every object fails only after its own timeouts and
-# retries (NOTE [origin timeouts]), so failing them one by one takes hours. The breaker
-# counts failures since the last success; it trips after `max_failures` of them, or after
-# one or more when nothing has succeeded for `give_up_after` seconds (with few jobs, failures
-# arrive slowly: a stalled store fails each read only at its read deadline). Missing and
-# forbidden objects are the object's own problem: they neither count nor reset the count.
-# Once tripped no new object starts; those in flight finish (bounded by their timeouts).
-
-
-class _Breaker:
-    def __init__(self, max_failures: int, give_up_after: float) -> None:
-        self.max_failures, self.give_up_after = max_failures, give_up_after
-        self.streak = 0
-        self.last_success = time.monotonic()
-        self.tripped = False
-        self.reason = ""
-
-    def success(self) -> None:
-        self.streak, self.last_success = 0, time.monotonic()
-
-    def failure(self, exc: BaseException) -> None:
-        if not is_unavailable(exc):
-            return
-        self.streak += 1
-        quiet = time.monotonic() - self.last_success
-        if self.streak >= self.max_failures:
-            self.tripped, self.reason = True, f"{self.streak} objects in a row failed"
-        elif quiet >= self.give_up_after:
-            self.tripped = True
-            self.reason = f"{self.streak} object(s) failed and none succeeded for {quiet:.0f} s"
-
-
 def warm(
     url: str,
     cache: Any,
@@ -135,15 +103,17 @@ def warm(
     Args:
         url: the dataset root (any fsspec URL).
         cache: a cache spec (a directory, a dict, a CacheConfig...); needs a disk or Redis tier.
-        jobs: requests in flight.
+        jobs: requests in flight on a remote (async) store, at most this many objects
+            between request and store; reader threads on a local or other sync one.
         shard: ``(i, n)``: warm objects ``i, i + n, i + 2n...`` of the sorted listing.
         storage_options: passed to fsspec (fastload adds timeouts the user left unset).
         max_failures: give up after this many objects in a row failed (the origin looks
             down); missing or forbidden objects do not count.
         give_up_after: give up when objects fail and none succeeded for this many seconds.
         on_start: called with (objects, bytes) of the shard before fetching.
-        on_file: called with (url, bytes, outcome) as each object finishes; outcome is
-            "hit", "fetched", "rejected" or "failed".
+        on_file: called with (url, bytes, outcome) as each object finishes, in the
+            calling thread (keep it cheap: thousands a second); outcome is "hit",
+            "fetched", "rejected" or "failed". A fetched object finishes when it is stored.
         derive: cache this derivation of each object instead of its bytes (the entries a
             cache with ``transcode`` reads); an object it rejects (a corrupt image) is
             reported as failed and nothing is stored for it.
@@ -172,7 +142,7 @@ def warm(
             "`fastload cache warm --transcode` does"
         )
     try:
-        breaker = _Breaker(max_failures, give_up_after)
+        breaker = Breaker(max_failures, give_up_after)
         return _warm(url, store, jobs, shard, storage_options, breaker, on_start, on_file)
     finally:
         store.close()
@@ -184,7 +154,7 @@ def _warm(
     jobs: int,
     shard: tuple[int, int],
     storage_options: dict[str, Any] | None,
-    breaker: _Breaker,
+    breaker: Breaker,
     on_start: Callable[[int, int], None] | None,
     on_file: Callable[[str, int, str], None] | None,
 ) -> WarmReport:
@@ -207,34 +177,24 @@ def _warm(
     report = WarmReport(url=storage.url, files=len(mine), bytes=nbytes)
     if on_start is not None:
         on_start(report.files, report.bytes)
-    fs = storage.fs
     last: BaseException | None = None
 
-    def one(path: str) -> str:
-        # The listing's version: the same key ImageFolder builds, and no request per object.
-        return store.ensure(fs, path, listing[path]["version"], shared_only=True)
-
-    def finished(future: Future[str], path: str, info: dict[str, Any]) -> None:
+    def finished(path: str, info: dict[str, Any], outcome: str, error: FastloadError | None) -> None:
         nonlocal last
-        try:
-            outcome = future.result()
-        except (FastloadError, OSError) as exc:
-            outcome, last = "failed", exc
-            report.failed.append((storage.to_url(path), str(exc)))
-            breaker.failure(exc)
+        file_url = storage.to_url(path)
+        if outcome == "fetched":
+            report.fetched += 1
+        elif outcome == "hit":
+            report.skipped += 1
+        elif outcome == "rejected":
+            report.rejected += 1
         else:
-            breaker.success()
-            if outcome == "fetched":
-                report.fetched += 1
-            elif outcome == "hit":
-                report.skipped += 1
-            elif outcome == "rejected":
-                report.rejected += 1
+            last = error
+            report.failed.append((file_url, str(error)))
         if on_file is not None:
-            on_file(storage.to_url(path), int(info.get("size") or 0), outcome)
+            on_file(file_url, int(info.get("size") or 0), outcome)
 
-    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="fastload-warm") as pool:
-        _run_bounded(pool, jobs, iter(mine), one, finished, lambda: breaker.tripped)
+    fill_shared(store, storage.fs, iter(mine), jobs=jobs, breaker=breaker, finished=finished)
     report.failed.sort()
     if breaker.tripped:
         assert last is not None
@@ -247,34 +207,3 @@ def _warm(
             failed=len(report.failed), last_error=str(last), report=report,
         ) from last
     return report
-
-
-def _run_bounded(
-    pool: ThreadPoolExecutor,
-    jobs: int,
-    items: Iterator[tuple[str, dict[str, Any]]],
-    work: Callable[[str], str],
-    finished: Callable[[Future[str], str, dict[str, Any]], None],
-    stop: Callable[[], bool],
-) -> None:
-    """Keep ``jobs`` items in flight (not the whole listing queued), until done or ``stop()``.
-
-    Finished items are handed to ``finished`` in this thread. After ``stop()`` nothing new
-    starts and the items in flight are waited for, so none is left running.
-    """
-    inflight: dict[Future[str], tuple[str, dict[str, Any]]] = {}
-
-    def refill() -> None:
-        while len(inflight) < jobs and not stop():
-            item = next(items, None)
-            if item is None:
-                return
-            inflight[pool.submit(work, item[0])] = item
-
-    refill()
-    while inflight:
-        done, _ = wait(inflight, return_when=FIRST_COMPLETED)
-        for future in done:
-            path, info = inflight.pop(future)
-            finished(future, path, info)
-        refill()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -34,6 +34,9 @@ from fastload.cache.config import CacheConfig, transcode_spec
 from fastload.cache.disk import DiskTier
 from fastload.cache.warm import MAX_FAILURES, WarmReport, parse_shard, warm
 from fastload.errors import ConfigError, OriginUnavailableError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 def _storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -164,9 +167,17 @@ def _warm_json(report: WarmReport, gave_up: str | None = None) -> dict[str, Any]
 
 
 class _RichProgress:
-    """The warm's progress bar on a terminal (files, bytes, rate, ETA)."""
+    """The warm's progress bar on a terminal (files, bytes, rate, ETA).
 
-    def __init__(self, console: Console) -> None:
+    A warm finishes thousands of files a second: :meth:`file` only counts, and the bar is
+    updated at most every ``every`` seconds (rich redraws it ten times a second anyway).
+    """
+
+    def __init__(self, console: Console, every: float = 0.1) -> None:
+        self.every = every
+        self.done = self._shown_done = 0
+        self.nbytes = self._shown_bytes = 0
+        self._last = 0.0
         self._progress = Progress(
             TextColumn("[bold]warming"),
             BarColumn(),
@@ -178,19 +189,28 @@ class _RichProgress:
         )
         self._task = self._progress.add_task("warm", total=None, done=0, count="?")
 
-    def __enter__(self) -> _RichProgress:
+    def __enter__(self) -> Self:
         self._progress.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._show()
         self._progress.__exit__(*exc)
 
     def start(self, files: int, nbytes: int) -> None:
         self._progress.update(self._task, total=nbytes, count=files)
 
     def file(self, _url: str, nbytes: int, _outcome: str) -> None:
-        done = self._progress.tasks[self._task].fields["done"] + 1
-        self._progress.update(self._task, advance=nbytes, done=done)
+        self.done += 1
+        self.nbytes += nbytes
+        now = time.monotonic()
+        if now - self._last >= self.every:
+            self._last = now
+            self._show()
+
+    def _show(self) -> None:
+        advance, self._shown_bytes = self.nbytes - self._shown_bytes, self.nbytes
+        self._progress.update(self._task, advance=advance, done=self.done)
 
 
 class _PlainProgress:
@@ -204,7 +224,7 @@ class _PlainProgress:
         self.files = self.done = self.nbytes = 0
         self._t0 = self._last = time.monotonic()
 
-    def __enter__(self) -> _PlainProgress:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -21,10 +21,15 @@ layers bound every origin request:
 3. s3fs retries timeouts in two nested loops of 5 that no option controls (25 attempts of
    up to ``read_timeout`` each), so :func:`read_whole` also bounds one whole read, retries
    included, by ``deadline`` seconds with fsspec's own ``timeout=`` (it cancels the request).
+
+:func:`aread_whole` is the same read as a coroutine, for callers that keep many requests in
+flight on the filesystem's own event loop (``cache warm``, :mod:`fastload.io.fetch`): the
+same single GET, deadline, retries and errors, without a thread per request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import stat
@@ -54,6 +59,25 @@ READ_DEADLINE_S = 30.0
 
 _BACKOFF_S = 0.5  # first pause between attempts where fastload retries; doubles each time
 _RETRIED_HERE = frozenset({"http", "https"})  # clients without a retry of their own
+
+
+def attempts_here(fs: Any) -> int:
+    """Attempts fastload itself makes per read on ``fs``: ATTEMPTS where the client has no
+    retry of its own (HTTP), else 1 (botocore retries s3fs's requests)."""
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    return ATTEMPTS if protocols & _RETRIED_HERE else 1
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait after failed attempt number ``attempt`` (1, 2...) before the next."""
+    return _BACKOFF_S * 2 ** (attempt - 1)
+
+
+def _deadline_error(deadline: float) -> TimeoutError:
+    return TimeoutError(
+        f"no complete answer within {deadline:g} s (the client's timeouts and retries "
+        f"included); the store is down or stalled"
+    )
 
 
 def with_timeouts(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -128,8 +152,7 @@ def read_whole(fs: Any, path: str, *, deadline: float | None = READ_DEADLINE_S) 
         return read_local(path)[0]
     if not isinstance(fs, AsyncFileSystem) or fs.asynchronous or not deadline:
         return fs.cat_file(path, start=0)
-    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
-    attempts = ATTEMPTS if protocols & _RETRIED_HERE else 1
+    attempts = attempts_here(fs)
     end = time.monotonic() + deadline
     for attempt in range(1, attempts + 1):
         try:
@@ -139,17 +162,76 @@ def read_whole(fs: Any, path: str, *, deadline: float | None = READ_DEADLINE_S) 
             # fsspec's sync wrapper takes `timeout` and cancels the request when it passes.
             return fs.cat_file(path, start=0, timeout=left)
         except FSTimeoutError as exc:
-            raise TimeoutError(
-                f"no complete answer within {deadline:g} s (the client's timeouts and retries "
-                f"included); the store is down or stalled"
-            ) from exc
+            raise _deadline_error(deadline) from exc
         except Exception as exc:
             if attempt == attempts or not is_unavailable(exc):
                 raise
-            pause = _BACKOFF_S * 2 ** (attempt - 1)
+            pause = backoff(attempt)
             logger.info("reading %s failed (%s); retrying in %.1f s", path, exc, pause)
             time.sleep(min(pause, max(end - time.monotonic(), 0)))
     raise AssertionError("unreachable")  # the loop returns or raises
+
+
+async def aread_whole(fs: Any, path: str, *, deadline: float | None = READ_DEADLINE_S) -> bytes:
+    """:func:`read_whole` as a coroutine on an async filesystem's own loop (``fs.loop``).
+
+    One request (``_cat_file`` from offset 0: NOTE [one GET per object]); the read, retries
+    included, gives up after ``deadline`` seconds with a ``TimeoutError``; transient failures
+    are retried where the client does not retry (HTTP), never a missing or forbidden object
+    (NOTE [origin timeouts]). Errors are the backend's, as :func:`read_whole` raises them:
+    convert them with :func:`fastload.io.errors.storage_error`. Run it on ``fs.loop``::
+
+        >>> fs = fsspec.filesystem("s3")
+        >>> data = fsspec.asyn.sync(fs.loop, aread_whole, fs, "bucket/train/cat/0001.jpg")
+    """
+    if not deadline:
+        return await fs._cat_file(path, start=0)
+    attempts = attempts_here(fs)
+    end = time.monotonic() + deadline
+    for attempt in range(1, attempts + 1):
+        try:
+            return await _within(fs._cat_file(path, start=0), end - time.monotonic())
+        except _DeadlinePassed as exc:
+            raise _deadline_error(deadline) from exc
+        except Exception as exc:
+            if attempt == attempts or not is_unavailable(exc):
+                raise
+            pause = backoff(attempt)
+            logger.info("reading %s failed (%s); retrying in %.1f s", path, exc, pause)
+            await asyncio.sleep(min(pause, max(end - time.monotonic(), 0)))
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+class _DeadlinePassed(Exception):
+    """The read's own deadline passed (told apart from a client's timeout error, retried)."""
+
+
+async def _within(coro: Any, seconds: float) -> Any:
+    """``await coro``, cancelled after ``seconds`` with _DeadlinePassed.
+
+    What ``asyncio.timeout`` does in Python 3.11 (3.10 has none), with no task per read:
+    ``wait_for`` could not tell its timeout from the client's own TimeoutError.
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(max(seconds, 0.0), expire)
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        if not expired:
+            raise  # cancelled from outside: so is this read
+        if hasattr(task, "uncancel"):
+            task.uncancel()  # this cancellation was ours, and it is over
+        raise _DeadlinePassed from None
+    finally:
+        timer.cancel()
 
 
 _LOCAL_READ_TRIES = 3

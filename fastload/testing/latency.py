@@ -14,16 +14,26 @@ Each metadata call (``info``, ``ls``, ``find``), each whole read (``cat_file``, 
 per path) and each ``open`` sleeps ``latency`` seconds first, then calls the target. Reads
 from an opened file are not delayed further. URLs keep naming the target (``s3://...``), so
 cache keys and error messages are those of the real store. Counts are per process.
+
+It is also an async filesystem for whole reads (``async_impl``; NOTE [latency async]):
+``await fs._cat_file(path)`` on ``fs.loop`` sleeps with ``asyncio.sleep``, so many requests
+wait at once on one event loop as they do against a real object store, and counts as a
+``cat_file`` request like the sync call::
+
+    >>> fs = fsspec.filesystem("latency", target_protocol="file", latency=0.015)
+    >>> data = fsspec.asyn.sync(fs.loop, fs._cat_file, "/data/a.jpg")
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
 from typing import Any
 
 import fsspec
+import fsspec.asyn
 from fsspec.implementations.chained import ChainedFileSystem
 
 from fastload.errors import ConfigError
@@ -46,6 +56,8 @@ class LatencyFileSystem(ChainedFileSystem):
     """
 
     protocol = "latency"
+    async_impl = True     # _cat_file is a coroutine (NOTE [latency async])
+    asynchronous = False  # every sync method stays a plain blocking call
 
     def __init__(
         self,
@@ -75,10 +87,33 @@ class LatencyFileSystem(ChainedFileSystem):
             self.requests.clear()
 
     def _request(self, method: str) -> None:
-        with self._count_lock:
-            self.requests[method] += 1
+        self._count(method)
         if self.latency:
             time.sleep(self.latency)
+
+    def _count(self, method: str) -> None:
+        with self._count_lock:
+            self.requests[method] += 1
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop :meth:`_cat_file` runs on: the target's if it is async, else
+        fsspec's own IO loop."""
+        if getattr(self.fs, "async_impl", False):
+            return self.fs.loop
+        return fsspec.asyn.get_loop()
+
+    async def _cat_file(
+        self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
+    ) -> bytes:
+        """:meth:`cat_file` as a coroutine on :attr:`loop` (NOTE [latency async])."""
+        self._count("cat_file")
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        target = self._target_path(path)
+        if getattr(self.fs, "async_impl", False):
+            return await self.fs._cat_file(target, start=start, end=end, **kwargs)
+        return self.fs.cat_file(target, start=start, end=end, **kwargs)
 
     def _target_path(self, path: str) -> str:
         return self.fs._strip_protocol(self._strip_protocol(path))
@@ -113,6 +148,16 @@ class LatencyFileSystem(ChainedFileSystem):
 
     def unstrip_protocol(self, name: str) -> str:
         return self.fs.unstrip_protocol(self._target_path(name))
+
+
+# NOTE [latency async]
+# The wrapper stands in for a remote store, whose clients (s3fs, HTTP) are async: a reader
+# that keeps many requests in flight on one event loop (fastload.io.fetch) must see the
+# latency overlap as it would there, not serialise on a blocking sleep. So the whole read
+# has a coroutine form: `asyncio.sleep(latency)`, then the target's own `_cat_file` when
+# the target is async. A sync target (local files, memory) is read on the loop itself:
+# its reads take microseconds, less than a hand-over to a thread would cost, and a thread
+# pool of the loop's would outlive every caller. Everything else stays synchronous.
 
 
 fsspec.register_implementation("latency", "fastload.testing.latency.LatencyFileSystem", clobber=True)
