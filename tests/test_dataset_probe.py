@@ -7,6 +7,7 @@ and tiny ones are far below any threshold, whatever the machine is doing.
 
 from __future__ import annotations
 
+import pickle
 import random
 import re
 import socket
@@ -23,7 +24,13 @@ from torch.utils.data import Dataset, IterableDataset, Subset, TensorDataset
 import fastload
 from fastload.machine import Machine
 from fastload.settings import resolve_settings, retune
-from fastload.tuning import DatasetProbe, choose_workers, probe_dataset, retune_workers, start_method
+from fastload.tuning import (
+    DatasetProbe,
+    choose_workers,
+    probe_dataset,
+    retune_workers,
+    start_method,
+)
 from fastload.tuning.probe import MAX_SAMPLES
 from fastload.tuning.workers import MIN_SAMPLE_S, WAIT_CAP
 
@@ -282,10 +289,11 @@ def test_cuda_samples_stay_in_process():
 
 def test_cuda_tensor_in_a_sample_is_a_problem_without_cuda():
     # The sample walker on a tensor that is not on the CPU ("meta" stands in for "cuda").
-    from fastload.tuning.probe import _sample_problem
+    from fastload.tuning.probe import _Fetched, _sample_problem
 
-    assert "meta tensor" in _sample_problem({"x": [torch.empty(2, device="meta")]}, 0, [])
-    assert _sample_problem({"x": [torch.empty(2)]}, 0, []) is None
+    out = _Fetched((set(), []))
+    assert "meta tensor" in _sample_problem({"x": [torch.empty(2, device="meta")]}, 0, out)
+    assert _sample_problem({"x": [torch.empty(2)]}, 0, out) is None and list(out.blobs) == [0]
 
 
 def test_opt_outs(monkeypatch):
@@ -359,8 +367,8 @@ def test_global_rng_dataset_gives_the_batches_of_torch_with_the_same_workers():
 # -- the pure parts ----------------------------------------------------------------------
 
 def probe_of(**kw) -> DatasetProbe:
-    facts = dict(context="fork", length=10_000, samples=8, cpu_s=0.004, wall_s=0.0042,
-                 sample_bytes=600_000, dataset_bytes=10_000, copied="pickles")
+    facts = {"context": "fork", "length": 10_000, "samples": 8, "cpu_s": 0.004, "wall_s": 0.0042,
+             "sample_bytes": 600_000, "dataset_bytes": 10_000, "copied": "pickles"}
     facts.update(kw)
     return DatasetProbe(**facts)
 
@@ -459,3 +467,154 @@ def test_a_class_attribute_that_cannot_be_put_back_is_reported_as_such():
     said = restore_classes(before)
     assert said is not None and "Counted.calls" in said and "could not be restored" in said
     assert Counted.calls == 1
+
+
+# -- the probe's samples, reused in the first epoch (NOTE [probe samples reused]) ----------
+
+class Logged(Dataset):
+    """Index-only samples; every fetch appends its index to a file, which a copy shares."""
+
+    def __init__(self, path, n: int, sleep_s: float = 0.0) -> None:
+        self.path, self.n, self.sleep_s = str(path), n, sleep_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        with open(self.path, "a") as f:
+            f.write(f"{i}\n")
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return torch.full((2,), float(i))
+
+
+def fetches(path) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    if path.exists():
+        for line in path.read_text().split():
+            counts[int(line)] = counts.get(int(line), 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("workers", [False, True], ids=["in-process", "workers"])
+def test_probe_samples_are_served_once_in_the_first_epoch_with_torchs_batches(tmp_path, shuffle, workers):
+    log = tmp_path / "fetches.log"
+    # 3 ms waits x 96 samples repay fork workers; a cheap sample stays in-process.
+    ds = Logged(log, n=96, sleep_s=0.003) if workers else Logged(log, n=40)
+    torch.manual_seed(11)
+    loader = fastload.DataLoader(ds, batch_size=4, shuffle=shuffle)
+    assert (loader.settings.num_workers.value > 0) is workers
+    kept = loader.settings.probe.kept
+    assert kept is not None and kept.count == MAX_SAMPLES
+    assert f"{MAX_SAMPLES} samples reused" in str(loader.settings)
+    first = [b.tolist() for b in loader]
+    # the probe fetched 0..7 from its copy; the epoch served them: once each in all
+    assert fetches(log) == dict.fromkeys(range(ds.n), 1)
+    assert kept.held == 0  # the main process dropped them
+    second = [b.tolist() for b in loader]
+    assert fetches(log) == dict.fromkeys(range(ds.n), 2)  # the second epoch fetches all
+    torch.manual_seed(11)
+    stock = torch.utils.data.DataLoader(ds, batch_size=4, shuffle=shuffle)
+    assert [[b.tolist() for b in stock] for _ in range(2)] == [first, second]
+
+
+def test_probe_samples_reach_workers_without_the_meter(tmp_path):
+    log = tmp_path / "fetches.log"
+    loader = fastload.DataLoader(Logged(log, n=96, sleep_s=0.003), batch_size=8, meter=False)
+    assert loader.num_workers > 0 and loader.worker_init_fn is not None
+    assert [b[:, 0].tolist() for b in loader] == [[float(i) for i in range(j, j + 8)] for j in range(0, 96, 8)]
+    assert fetches(log) == dict.fromkeys(range(96), 1)
+
+
+def test_global_rng_samples_are_fetched_again(tmp_path):
+    p = probe_dataset(GlobalRandom(), context="fork")
+    assert p.kept is None and p.refetch == "it draws from the global RNG"
+    assert p.summary().endswith("samples fetched again: it draws from the global RNG")
+    mutating = probe_dataset(Counting(), context="fork")
+    assert mutating.kept is None and "fetched again: it mutates itself" in mutating.summary()
+
+
+class Offset(Logged):
+    def __init__(self, path) -> None:
+        super().__init__(path, n=24)
+        self.offset = 0.0
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return super().__getitem__(i) + self.offset
+
+
+def test_a_dataset_changed_after_the_probe_is_fetched_again(tmp_path):
+    ds = Offset(tmp_path / "fetches.log")
+    loader = fastload.DataLoader(ds, batch_size=4)
+    assert loader.settings.probe.kept.count == MAX_SAMPLES
+    ds.offset = 100.0  # after the probe, before the first epoch
+    first = torch.cat(list(loader))
+    assert first[:, 0].tolist() == [i + 100.0 for i in range(24)]  # nothing stale
+    assert "fetched again: the dataset changed after the probe" in loader.settings.probe.summary()
+    assert fetches(tmp_path / "fetches.log")[0] == 2  # the probe's and the epoch's
+
+
+class Views(Dataset):
+    def __init__(self) -> None:
+        self.data = torch.arange(64.0).reshape(32, 2)
+
+    def __len__(self) -> int:
+        return 32
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.data[i]
+
+
+class Batched(Tiny):
+    def __getitems__(self, indices):
+        return [self[i] for i in indices]
+
+
+class Warns(Tiny):
+    def __getitem__(self, i: int) -> torch.Tensor:
+        import warnings
+
+        warnings.warn("deprecated field", DeprecationWarning, stacklevel=1)
+        return super().__getitem__(i)
+
+
+class Big(Tiny):
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((300_000,), float(i))  # 1.2 MB each
+
+
+def test_samples_that_are_not_a_pure_function_of_the_index_are_not_kept():
+    views = probe_dataset(Views())
+    assert views.kept is None and "view of the dataset's memory" in views.refetch
+    held = probe_dataset([torch.tensor([i]) for i in range(20)])
+    assert held.kept is None and "an object the dataset holds" in held.refetch
+    assert probe_dataset(Batched()).refetch == "it fetches batches with __getitems__"
+    assert probe_dataset(Subset(Tiny(), list(range(50)))).kept.count == MAX_SAMPLES
+    assert "warn" in probe_dataset(Warns()).refetch
+    assert "set_epoch" in probe_dataset(WithEpoch(n=20, sleep_s=0)).refetch
+    big = probe_dataset(Big())
+    assert big.kept is not None and big.kept.count == 3 and big.kept.nbytes <= 4 << 20
+    assert "5 more over the 4 MB kept at most" in big.summary()
+
+
+def test_kept_samples_travel_pickled_only_to_a_worker_being_started():
+    from fastload.meter import measured_worker_init
+
+    kept = probe_dataset(Tiny()).kept
+    again = pickle.loads(pickle.dumps(kept))
+    assert again.held == kept.held == MAX_SAMPLES and again.note == kept.note
+    init = measured_worker_init(None, 2, False, samples=kept)
+    assert init.samples is kept
+    assert pickle.loads(pickle.dumps(init)).samples is None  # not being spawned: none
+    kept.drop()
+    assert measured_worker_init(None, 2, False, samples=kept) is None
+
+
+def test_no_probe_no_reuse(monkeypatch, tmp_path):
+    monkeypatch.setenv("FASTLOAD_PROBE", "0")
+    log = tmp_path / "fetches.log"
+    loader = fastload.DataLoader(Logged(log, n=16), batch_size=4)
+    assert loader.settings.probe is None
+    list(loader)
+    assert fetches(log) == dict.fromkeys(range(16), 1)

@@ -6,7 +6,6 @@ multi-rank runs under torchrun are in test_distributed.py.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -46,7 +45,7 @@ def test_torch_default_path_replays_exactly(workers):
 
 
 def test_replay_with_a_generator_restores_it():
-    make = lambda: DataLoader(  # noqa: E731
+    make = lambda: DataLoader(
         Ids(), batch_size=5, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(9)
     )
     full, resumed, _ = interrupted(make, k=4)
@@ -54,7 +53,7 @@ def test_replay_with_a_generator_restores_it():
 
 
 def test_declared_dataset_resumes_order_and_augmentation_with_workers(jpeg_root):
-    make = lambda: DataLoader(  # noqa: E731
+    make = lambda: DataLoader(
         ImageFolder(str(jpeg_root), size=32, train=True, seed=7),
         batch_size=5, shuffle=True, num_workers=2,
     )
@@ -143,7 +142,7 @@ def test_out_of_order_delivery_cannot_be_saved():
 
 
 def test_mid_epoch_resume_in_a_later_epoch_with_persistent_workers():
-    make = lambda: DataLoader(  # noqa: E731
+    make = lambda: DataLoader(
         Ids(), batch_size=4, shuffle=True, num_workers=2, persistent_workers=True
     )
     torch.manual_seed(5)
@@ -164,3 +163,43 @@ def test_mid_epoch_resume_in_a_later_epoch_with_persistent_workers():
     again = make()
     again.load_state_dict(state)
     assert same(full, before + list(again), slice(0, 1))
+
+
+class IndexOnly(Dataset):
+    """Undeclared, so the loader probes it and keeps the probe's samples for its first epoch."""
+
+    def __init__(self, n: int, sleep_s: float = 0.0) -> None:
+        self.n, self.sleep_s = n, sleep_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.sleep_s:
+            import time
+
+            time.sleep(self.sleep_s)
+        return torch.tensor([float(i), float(i) ** 2])
+
+
+@pytest.mark.parametrize("sleep_s", [0.0, 0.003], ids=["in-process", "workers"])
+def test_resume_over_the_probes_kept_samples_is_exact(sleep_s):
+    # NOTE [probe samples reused]: the resumed loader's replay and rest run with its own kept
+    # samples in its first iteration; a second epoch fetches everything again.
+    loaders = []
+
+    def make():
+        loaders.append(DataLoader(IndexOnly(96, sleep_s), batch_size=4, shuffle=True))
+        return loaders[-1]
+
+    full, resumed, state = interrupted(make, k=5)
+    assert state["mode"] == "replay" and same(full, resumed)
+    again = loaders[-1]
+    assert (again.num_workers > 0) == (sleep_s > 0)
+    assert again.settings.probe.kept.count == 8 and again.settings.probe.kept.held == 0
+    torch.manual_seed(1)
+    stock = torch.utils.data.DataLoader(IndexOnly(96), batch_size=4, shuffle=True)
+    expected = [list(stock) for _ in range(2)]
+    torch.manual_seed(1)
+    fresh = make()
+    assert [same(list(fresh), epoch) for epoch in expected] == [True, True]

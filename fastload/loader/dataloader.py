@@ -41,7 +41,7 @@ from fastload.engines import Backend, Choice, Engine, EngineContext, choose_back
 from fastload.engines.probe import ProbeEngine
 from fastload.engines.threads import ThreadEngine
 from fastload.errors import ConfigError
-from fastload.loader import autotune, resume
+from fastload.loader import autotune, first_epoch, resume
 from fastload.loader.iterator import LoaderIterator
 from fastload.loader.state import LoaderState
 from fastload.meter import StarvationMeter
@@ -144,6 +144,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             sampler, shuffle = own_sampler, None
         dataset, collate_fn, feeder = _stages(dataset, collate_fn, batched=bool(batch_size or batch_sampler),
                                               device=target)
+        # NOTE [probe samples reused]: served in the first epoch (fastload.loader.first_epoch).
+        kept = settings.probe.kept if settings.probe is not None else None
         with warnings.catch_warnings():
             if settings.num_workers.source == "auto":  # NOTE [more workers than cores]
                 warnings.filterwarnings("ignore", message=WORKER_COUNT_WARNING)
@@ -159,7 +161,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 drop_last=drop_last,
                 timeout=timeout,
                 worker_init_fn=StarvationMeter.worker_init(
-                    worker_init_fn, settings.num_workers.value, meter, in_order=in_order
+                    worker_init_fn, settings.num_workers.value, meter, in_order=in_order,
+                    samples=kept,
                 ),
                 multiprocessing_context=multiprocessing_context,
                 generator=generator,
@@ -174,6 +177,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self.state = LoaderState(owns_sampler=own_sampler is not None)
         self._declared = declared
         self._feeder = feeder
+        self._kept = kept
         self.meter: StarvationMeter | None = _attach_meter(meter, self, settings, target, feeder)
         self._choice = choice
         self._engine = _build_engine(choice, self, settings, target)
@@ -224,10 +228,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if state.first_rng is None:
             state.first_rng = progress.rng_state
         first: list[Any] = []
+        make_inner, self._kept = first_epoch.epoch_maker(self, self._kept), None
         if plan is None:
-            inner = self._engine.epoch()
+            inner = make_inner()
         else:  # NOTE [two ways to resume]: replay
-            inner, first = resume.begin(self, state, self._engine.epoch, plan)
+            inner, first = resume.begin(self, state, make_inner, plan)
             progress.batches = plan.batches
             if plan.rng_state is not None:
                 progress.rng_state = plan.rng_state

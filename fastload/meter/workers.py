@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from fastload.meter.report import WorkerStats
+from fastload.tuning.reuse import KeptSamples
 
 HEADER = 8
 """Doubles per worker before its ring: see the ``_H_*`` offsets."""
@@ -150,17 +151,28 @@ class MeasuredWorkerInit:
 
     Calls ``user_fn(worker_id)`` exactly as torch would (its exceptions propagate untouched
     and then nothing is installed), then installs the timed fetcher (NOTE [timing the
-    worker's fetcher]). Pickled for a worker being started it carries the shared counters;
-    pickled any other time (``copy.deepcopy(loader)``) it keeps the user's function only.
+    worker's fetcher]) and, in the first epoch, the probe's kept samples (NOTE [probe samples
+    reused] in :mod:`fastload.tuning.reuse`). Pickled for a worker being started it carries
+    the shared counters and the samples still held; pickled any other time
+    (``copy.deepcopy(loader)``) it keeps the user's function only.
 
     Attributes:
         user_fn: the user's ``worker_init_fn`` (None if none was given); also ``__wrapped__``.
         counters: the :class:`WorkerCounters` the workers write, None when not measuring.
+        samples: the probe's :class:`~fastload.tuning.reuse.KeptSamples`, served by the first
+            fetcher of each worker of the first epoch (the main process empties it once that
+            epoch's workers have started); None when none were kept.
     """
 
-    def __init__(self, user_fn: Callable[[int], None] | None, counters: WorkerCounters | None):
+    def __init__(
+        self,
+        user_fn: Callable[[int], None] | None,
+        counters: WorkerCounters | None,
+        samples: KeptSamples | None = None,
+    ):
         self.user_fn = user_fn
         self.counters = counters
+        self.samples = samples
 
     @property
     def __wrapped__(self) -> Callable[[int], None] | None:
@@ -169,24 +181,32 @@ class MeasuredWorkerInit:
     def __call__(self, worker_id: int) -> None:
         if self.user_fn is not None:
             self.user_fn(worker_id)
-        if self.counters is not None:
-            _install(self.counters, worker_id)
+        samples = self.samples if self.samples is not None and self.samples.held else None
+        if self.counters is not None or samples is not None:
+            _install(self.counters, worker_id, samples)
 
     def __reduce__(self) -> Any:
-        spawning = multiprocessing.context.get_spawning_popen() is not None
-        return (MeasuredWorkerInit, (self.user_fn, self.counters if spawning else None))
+        if multiprocessing.context.get_spawning_popen() is not None:
+            return (MeasuredWorkerInit, (self.user_fn, self.counters, self.samples))
+        return (MeasuredWorkerInit, (self.user_fn, None))
 
     def __repr__(self) -> str:
         return f"MeasuredWorkerInit({self.user_fn!r})"
 
 
 def measured_worker_init(
-    user_fn: Callable[[int], None] | None, num_workers: int, meter: Any, *, in_order: bool = True
+    user_fn: Callable[[int], None] | None,
+    num_workers: int,
+    meter: Any,
+    *,
+    in_order: bool = True,
+    samples: KeptSamples | None = None,
 ) -> Callable[[int], None] | MeasuredWorkerInit | None:
-    """The ``worker_init_fn`` for torch: the user's own when nothing is measured.
+    """The ``worker_init_fn`` for torch: the user's own when nothing is measured or served.
 
     Measures when there are worker processes and a meter (``meter`` is the DataLoader's
-    ``meter=`` argument: False turns the meter, and this, off).
+    ``meter=`` argument: False turns the meter, and this, off); carries the probe's kept
+    ``samples`` to the workers when there are some (with or without the meter).
 
     Example::
 
@@ -194,9 +214,13 @@ def measured_worker_init(
         >>> isinstance(init, MeasuredWorkerInit), init.user_fn is my_init
         (True, True)
     """
-    if meter is False or not isinstance(num_workers, int) or num_workers < 1:
+    if not isinstance(num_workers, int) or num_workers < 1:
         return user_fn
-    return MeasuredWorkerInit(user_fn, WorkerCounters(num_workers, in_order=in_order))
+    if samples is not None and not samples.held:
+        samples = None
+    if meter is False:
+        return MeasuredWorkerInit(user_fn, None, samples) if samples is not None else user_fn
+    return MeasuredWorkerInit(user_fn, WorkerCounters(num_workers, in_order=in_order), samples)
 
 
 # -- inside a worker -----------------------------------------------------------------------
@@ -280,8 +304,9 @@ class _FetchTimer:
         return timed
 
 
-def _install(counters: WorkerCounters, worker_id: int) -> None:
-    """In a worker: time the fetchers torch's worker loop makes from now on."""
+def _install(counters: WorkerCounters | None, worker_id: int, samples: KeptSamples | None = None) -> None:
+    """In a worker: time the fetchers torch's worker loop makes from now on, and let the
+    first of them serve the probe's kept ``samples`` (NOTE [probe samples reused])."""
     import torch.utils.data
     from torch.utils.data import dataloader
 
@@ -289,16 +314,26 @@ def _install(counters: WorkerCounters, worker_id: int) -> None:
     kind = getattr(dataloader, "_DatasetKind", None)
     factory = kind.__dict__.get("create_fetcher") if kind is not None else None
     make = getattr(factory, "__func__", None)
-    if info is None or not (0 <= worker_id < counters.num_workers) or make is None:
+    if counters is not None and not (0 <= worker_id < counters.num_workers):
+        return
+    if info is None or make is None:
         return  # not in a torch worker, or a torch whose worker loop we do not know
-    if getattr(make, "_fastload_timer", None) is not None:  # installed already (reused init)
+    if getattr(make, "_fastload_make", None) is not None:  # installed already (reused init)
         make = make._fastload_make
-    timer = _FetchTimer(counters, worker_id, info.dataset)
-    counters.view()[timer.base + _H_BEGAN] = 0.0
+    timer = _FetchTimer(counters, worker_id, info.dataset) if counters is not None else None
+    if counters is not None:
+        counters.view()[timer.base + _H_BEGAN] = 0.0
+    ours = info.dataset
+    first = [samples]
 
     def create_fetcher(kind_: Any, dataset: Any, *args: Any, **kwargs: Any) -> Any:
         fetcher = make(kind_, dataset, *args, **kwargs)
-        if dataset is not timer.dataset:  # a loader made inside the worker: not ours to time
+        if dataset is not ours:  # a loader made inside the worker: not ours to touch
+            return fetcher
+        held, first[0] = first[0], None  # the first epoch's fetcher only
+        if held is not None:
+            held.serve(fetcher)  # before the timer, so the timer times what it serves
+        if timer is None:
             return fetcher
         timer.new_epoch()
         return timer.wrap(fetcher)

@@ -34,8 +34,12 @@ A map-style dataset that declares nothing is probed once, when the loader is bui
 * Anything raised by a fetch, a sample that does not pickle, a sample holding a non-CPU
   tensor, a ``__getitem__`` that reads its worker's identity (``get_worker_info``,
   ``initial_seed``: workers would change what it returns) make the probe unusable, with the
-  reason. The probe's samples are discarded, and the warnings its fetches raise are
-  suppressed (the user's first real fetch shows them, as without the probe).
+  reason. The warnings its fetches raise are recorded, not shown (the user's first real
+  fetch shows them, as without the probe).
+* The samples themselves are kept, pickled, and served once in the first epoch instead of
+  fetched again, when the verdict says they are exactly what the real dataset gives for
+  those indices (NOTE [probe samples reused] in :mod:`fastload.tuning.reuse`); otherwise
+  they are dropped, and ``summary()`` says why they are fetched again.
 """
 
 from __future__ import annotations
@@ -48,11 +52,12 @@ import statistics
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from fastload.tuning.reuse import MAX_KEPT_BYTES, KeptSamples
 from fastload.tuning.state import (
     IDENTITY_CALLS,
     array_bytes,
@@ -61,8 +66,10 @@ from fastload.tuning.state import (
     fingerprint,
     fork_hazard,
     human_bytes,
+    memory_of,
     reads_identity,
     restore_classes,
+    shares_memory,
     short,
     walk,
 )
@@ -99,6 +106,10 @@ class DatasetProbe:
     problem: str | None = None
     set_epoch: bool = False
     seconds: float = 0.0
+    kept: KeptSamples | None = field(default=None, repr=False, compare=False)
+    """The samples kept to be served in the first epoch (NOTE [probe samples reused])."""
+    refetch: str | None = None
+    """Why the samples are not kept but fetched again (None: kept, or none fetched)."""
 
     @property
     def usable(self) -> bool:
@@ -130,7 +141,11 @@ class DatasetProbe:
             copied += f" ({human_bytes(self.dataset_bytes)})"
         rng = f"draws from the main process's {'/'.join(self.rng)} RNG" if self.rng else "no main-process RNG"
         mutation = "mutates itself" if self.mutation else "no self-mutation"
-        return f"{head}; {copied}, {rng}, {mutation}"
+        if self.kept is not None:
+            reuse = self.kept.note
+        else:
+            reuse = f"samples fetched again: {self.refetch or 'not kept'}"
+        return f"{head}; {copied}, {rng}, {mutation}; {reuse}"
 
 
 def start_method(context: Any) -> str:
@@ -159,14 +174,14 @@ def probe_dataset(
 
     try:
         length = len(dataset)
-    except Exception as e:  # no __len__, or a broken one
+    except Exception as e:  # noqa: BLE001 - no __len__, or a broken one
         return result(problem=f"len() raised {type(e).__name__}: torch needs a length or a sampler to index it")
     facts["length"] = length
     if length <= 0:
         return result(problem="it is empty")
     try:
         facts["set_epoch"] = callable(getattr(dataset, "set_epoch", None))
-    except Exception:  # a __getattr__ that raises
+    except Exception:  # noqa: BLE001 - a __getattr__ that raises
         facts["set_epoch"] = True
 
     nodes = list(walk(dataset))
@@ -187,25 +202,27 @@ def probe_dataset(
         probe_copy = pickle.loads(blob)
         facts.update(copied="pickles", dataset_bytes=len(blob))
         del blob
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - the dataset's own code may raise anything
         why = f"{type(e).__name__}: {short(e)}"
         if context != "fork":
             return result(problem=f"it does not pickle ({why}), which {context} workers need")
         try:
             probe_copy = copy.deepcopy(dataset)
-        except Exception as e2:
+        except Exception as e2:  # noqa: BLE001 - the dataset's own code may raise anything
             return result(problem=f"it neither pickles ({why}) nor deep-copies ({type(e2).__name__}): not probed")
         facts["copied"] = "does not pickle, probed on a deep copy (fork shares it)"
 
     classes = class_state(probe_copy)
     before = fingerprint(probe_copy)
+    fetched = _Fetched(memory_of(list(walk(probe_copy))))
     rng_before = _rng_states()
     cuda_before = _cuda_initialized()
     try:
-        with warnings.catch_warnings():
-            # The dataset's warnings are the user's first fetch's to show, not the probe's.
-            warnings.simplefilter("ignore")
-            cpu, wall, sizes, problem = _fetch(probe_copy, min(max_samples, length), start, budget_s)
+        with warnings.catch_warnings(record=True) as caught:
+            # The dataset's warnings are the user's first fetch's to show, not the probe's
+            # ("always" leaves no mark in the registry of the module that warns).
+            warnings.simplefilter("always")
+            problem = _fetch(probe_copy, min(max_samples, length), start, budget_s, fetched)
         drew = _drawn(rng_before)
     finally:
         _restore_rng(rng_before)
@@ -214,53 +231,111 @@ def probe_dataset(
     if problem is None and not cuda_before and _cuda_initialized():
         problem = "a fetch initialised CUDA: forked workers cannot use it, and its samples may be CUDA tensors"
     mutation = rebound or difference(before, after)
+    cpu, wall, sizes = fetched.cpu, fetched.wall, fetched.sizes
     timed = slice(1, None) if len(wall) >= 3 else slice(-1, None)
-    return result(
+    facts.update(
         samples=len(wall), problem=problem, mutation=mutation, rng=drew,
         cpu_s=statistics.median(cpu[timed]) if cpu else None,
         wall_s=statistics.median(wall[timed]) if wall else None,
         sample_bytes=int(statistics.median(sizes)) if sizes else None,
     )
+    refetch = _refetch_reason(dataset, facts, fetched, warned=len(caught))
+    if refetch is None:
+        return result(kept=KeptSamples(fetched.blobs, fingerprint(dataset), capped=fetched.capped))
+    return result(refetch=refetch)
+
+
+def _refetch_reason(dataset: Any, facts: dict[str, Any], fetched: _Fetched, *, warned: int) -> str | None:
+    """Why the probe's samples must be fetched again (NOTE [probe samples reused]), or None."""
+    if facts.get("problem"):
+        return "the probe could not use them"
+    if facts.get("rng"):
+        return "it draws from the global RNG"
+    if facts.get("mutation"):
+        return "it mutates itself"
+    if warned:
+        return "its fetches warn, and the real fetches show that"
+    if facts.get("set_epoch"):
+        return "it has set_epoch, and its samples may follow the epoch"
+    if fetched.shared:
+        return fetched.shared
+    if not _per_index(dataset):
+        return "it fetches batches with __getitems__"
+    if not fetched.blobs:
+        return f"the first is over the {MAX_KEPT_BYTES >> 20} MB kept at most"
+    return None
+
+
+def _per_index(dataset: Any) -> bool:
+    """Whether torch's fetcher reads ``dataset`` index by index (no ``__getitems__`` of its own)."""
+    try:
+        if isinstance(dataset, torch.utils.data.Subset):
+            return _per_index(dataset.dataset)
+        return not callable(getattr(dataset, "__getitems__", None))
+    except Exception:  # noqa: BLE001 - a __getattr__ that raises: not known to be per index
+        return False
 
 
 # -- the fetches, and what a sample may not be --------------------------------------------
 
-def _fetch(dataset: Any, count: int, start: float, budget_s: float):
-    """Per-sample CPU and wall seconds, pickled sizes, and the first problem (or None)."""
-    cpu: list[float] = []
-    wall: list[float] = []
-    sizes: list[int] = []
+class _Fetched:
+    """What the fetches gave: per-sample CPU and wall seconds, pickled sizes, kept samples."""
+
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner  # the copy's objects and memory (state.memory_of)
+        self.cpu: list[float] = []
+        self.wall: list[float] = []
+        self.sizes: list[int] = []
+        self.blobs: dict[int, bytes] = {}
+        self.kept_bytes = 0
+        self.capped = 0
+        self.shared: str | None = None
+
+
+def _fetch(dataset: Any, count: int, start: float, budget_s: float, out: _Fetched) -> str | None:
+    """Fetch indices 0, 1, ... into ``out``; the first problem (or None)."""
     for i in range(count):
         if i and time.perf_counter() - start > budget_s:
             break
         c0, w0 = time.thread_time(), time.perf_counter()
         try:
             sample = dataset[i]
-        except Exception as e:
-            return cpu, wall, sizes, f"fetching sample {i} raised {type(e).__name__}: {short(e)}"
-        wall.append(time.perf_counter() - w0)
-        cpu.append(time.thread_time() - c0)
-        problem = _sample_problem(sample, i, sizes)
+        except Exception as e:  # noqa: BLE001 - the dataset's own code may raise anything
+            return f"fetching sample {i} raised {type(e).__name__}: {short(e)}"
+        out.wall.append(time.perf_counter() - w0)
+        out.cpu.append(time.thread_time() - c0)
+        problem = _sample_problem(sample, i, out)
         if problem:
-            return cpu, wall, sizes, problem
-    return cpu, wall, sizes, None
+            return problem
+    return None
 
 
-def _sample_problem(sample: Any, i: int, sizes: list[int]) -> str | None:
-    for _, o in walk(sample):
+def _sample_problem(sample: Any, i: int, out: _Fetched) -> str | None:
+    nodes = list(walk(sample))
+    for _, o in nodes:
         if isinstance(o, torch.Tensor) and o.device.type != "cpu":
             return f"sample {i} holds a {o.device.type} tensor: worker processes cannot return it"
     try:
-        sizes.append(len(pickle.dumps(sample, protocol=pickle.HIGHEST_PROTOCOL)))
-    except Exception as e:
+        blob = pickle.dumps(sample, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # noqa: BLE001 - the dataset's own code may raise anything
         return f"sample {i} does not pickle ({type(e).__name__}: {short(e)}): workers send samples pickled"
+    out.sizes.append(len(blob))
+    if out.shared is None:
+        shared = shares_memory(nodes, out.owner)
+        if shared:
+            out.shared = f"sample {i} {shared}, which a kept copy would not be"
+    if out.kept_bytes + len(blob) <= MAX_KEPT_BYTES and not out.capped:
+        out.blobs[i] = blob
+        out.kept_bytes += len(blob)
+    else:
+        out.capped += 1
     return None
 
 
 def _cuda_initialized() -> bool:
     try:
         return bool(torch.cuda.is_initialized())
-    except Exception:  # a build without CUDA
+    except Exception:  # noqa: BLE001 - a build without CUDA
         return False
 
 

@@ -16,7 +16,8 @@ import socket
 import sys
 import threading
 import types
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -84,7 +85,7 @@ def walk(root: Any) -> Iterator[tuple[str, Any]]:
         if depth < _DEPTH and not _opaque(o):
             try:
                 kids = list(_children(o))
-            except Exception:  # an object whose attributes cannot be read
+            except Exception:  # noqa: BLE001, S112 - an object whose attributes cannot be read
                 continue
             stack.extend((path + name, kid, depth + 1) for name, kid in reversed(kids))
 
@@ -116,7 +117,7 @@ def _token(o: Any) -> Any:
             return ("Generator", repr(o.bit_generator.state))
         if isinstance(o, (dict, list, tuple, set, frozenset)):
             return (type(o).__name__, len(o))
-    except Exception:  # noqa: BLE001 - an object whose accessors raise: its type stands for it
+    except Exception:  # noqa: BLE001, S110 - an object whose accessors raise: its type stands for it
         pass
     return type(o).__qualname__
 
@@ -193,7 +194,7 @@ def fork_hazard(nodes: list[tuple[str, Any]]) -> str | None:
                 return f"it holds a {root} handle ({t.__name__}){where}"
             if isinstance(o, io.IOBase) and not o.closed:
                 return f"it holds an open file{where} (forked workers share its offset)"
-        except Exception:
+        except Exception:  # noqa: BLE001, S112 - the dataset's own code may raise anything
             continue
     return None
 
@@ -209,12 +210,62 @@ def reads_identity(nodes: list[tuple[str, Any]]) -> str | None:
     return None
 
 
+def memory_of(nodes: list[tuple[str, Any]]) -> tuple[set[int], list[tuple[int, int]]]:
+    """The objects (ids) and array memory (address ranges) a walk of a dataset reached."""
+    ids = {id(o) for _, o in nodes if not _atomic(o)}
+    spans = [span for _, o in nodes if (span := _span(o)) is not None]
+    return ids, spans
+
+
+def shares_memory(nodes: list[tuple[str, Any]], owner: tuple[set[int], list[tuple[int, int]]]) -> str | None:
+    """How a sample (its walk, ``nodes``) shares objects or memory with ``memory_of(dataset)``.
+
+    For the probe's kept samples (NOTE [probe samples reused]): a sample that is an object of
+    the dataset, or a view of its arrays, is what the dataset holds, not a copy of it.
+    """
+    ids, spans = owner
+    for path, o in nodes:
+        where = f" (at sample{path})" if path else ""
+        if not _atomic(o) and id(o) in ids:
+            return f"is an object the dataset holds{where}"
+        span = _span(o)
+        if span is not None and span[1] > span[0] and any(lo <= span[0] < hi for lo, hi in spans):
+            return f"is a view of the dataset's memory{where}"
+    return None
+
+
+def _span(o: Any) -> tuple[int, int] | None:
+    """The address range of a tensor's storage or an array's memory, or None."""
+    np = sys.modules.get("numpy")
+    try:
+        if isinstance(o, torch.Tensor):
+            if o.device.type != "cpu" or o.is_nested or o.layout != torch.strided:
+                return None
+            if o.numel() == 0:
+                return None
+            lo = o.data_ptr()
+            storage = o.untyped_storage()
+            return min(lo, storage.data_ptr()), max(lo, storage.data_ptr()) + storage.nbytes()
+        if np is not None and isinstance(o, np.ndarray):
+            if o.size == 0:
+                return None
+            base = o
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            lo = int(o.__array_interface__["data"][0])
+            start = int(base.__array_interface__["data"][0])
+            return min(lo, start), max(lo, start) + int(base.nbytes)
+    except Exception:  # noqa: BLE001 - an object whose accessors raise: no memory known
+        return None
+    return None
+
+
 def array_bytes(o: Any) -> int:
     np = sys.modules.get("numpy")
     if isinstance(o, torch.Tensor):
         try:
             return o.untyped_storage().nbytes()
-        except Exception:
+        except Exception:  # noqa: BLE001 - the dataset's own code may raise anything
             return 0
     if np is not None and isinstance(o, np.ndarray):
         return int(o.nbytes)
