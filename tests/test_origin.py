@@ -1,16 +1,21 @@
-"""read_whole returns the whole object on every filesystem, also where ranges are unsupported."""
+"""read_whole returns the whole object on every filesystem, also where ranges are unsupported;
+aread_whole (its coroutine form) reads the same, retries transient errors, never a missing
+object, and gives up at its deadline."""
 
 from __future__ import annotations
 
 import functools
 import http.server
+import socket
 import threading
 from pathlib import Path
+from typing import ClassVar
 
 import fsspec
+import fsspec.asyn
 import pytest
 
-from fastload.io.origin import read_whole
+from fastload.io.origin import aread_whole, read_whole
 
 
 @pytest.fixture
@@ -32,3 +37,73 @@ def test_read_whole_over_local_files_and_a_server_without_range_support(tmp_path
     assert read_whole(fsspec.filesystem("file"), str(tmp_path / "a.bin")) == data
     http = fsspec.filesystem("http", skip_instance_cache=True)
     assert read_whole(http, f"{plain_http}/a.bin") == data
+
+
+class _Flaky(http.server.SimpleHTTPRequestHandler):
+    """Answers 503 to the first ``failures`` GETs of each path, then serves the file."""
+
+    failures = 2
+    seen: ClassVar[dict[str, int]] = {}
+
+    def do_GET(self):
+        count = self.seen[self.path] = self.seen.get(self.path, 0) + 1
+        if count <= self.failures:
+            self.send_error(503, "busy")
+            return
+        super().do_GET()
+
+    def log_message(self, *args):  # quiet
+        pass
+
+
+@pytest.fixture
+def flaky_http(tmp_path: Path):
+    _Flaky.seen = {}
+    handler = functools.partial(_Flaky, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, name="test-http", daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}", _Flaky.seen
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def _aread(fs, path, **kwargs):
+    return fsspec.asyn.sync(fs.loop, aread_whole, fs, path, **kwargs)
+
+
+def test_aread_whole_reads_what_read_whole_reads(tmp_path, plain_http):
+    data = bytes(range(256)) * 400
+    (tmp_path / "a.bin").write_bytes(data)
+    http = fsspec.filesystem("http", skip_instance_cache=True)
+    assert _aread(http, f"{plain_http}/a.bin") == data == read_whole(http, f"{plain_http}/a.bin")
+
+
+def test_aread_whole_retries_transient_errors_but_never_a_missing_object(tmp_path, flaky_http):
+    url, seen = flaky_http
+    (tmp_path / "a.bin").write_bytes(b"x" * 1000)
+    http = fsspec.filesystem("http", skip_instance_cache=True)
+    assert _aread(http, f"{url}/a.bin") == b"x" * 1000
+    assert seen["/a.bin"] == 3  # two 503s, then the object (ATTEMPTS = 3)
+
+    _Flaky.failures = 0
+    try:
+        with pytest.raises(FileNotFoundError):
+            _aread(http, f"{url}/missing.bin")
+    finally:
+        _Flaky.failures = 2
+    assert seen["/missing.bin"] == 1
+
+
+def test_aread_whole_gives_up_at_its_deadline_on_a_stalled_server():
+    with socket.socket() as server:  # accepts connections (the backlog), never answers
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        port = server.getsockname()[1]
+        http = fsspec.filesystem("http", skip_instance_cache=True)  # no read timeout of its own
+        with pytest.raises(TimeoutError) as caught:
+            _aread(http, f"http://127.0.0.1:{port}/a.bin", deadline=0.5)
+    # fsspec's sync() re-raises a coroutine's TimeoutError as its own, the original as cause
+    error = caught.value if "no complete" in str(caught.value) else caught.value.__cause__
+    assert isinstance(error, TimeoutError) and "no complete answer within 0.5 s" in str(error)

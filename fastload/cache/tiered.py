@@ -155,9 +155,16 @@ class TieredCache:
         """
         return self._key(fs.unstrip_protocol(path), version or self.version(fs, path))
 
-    def _key(self, url: str, version: str) -> str:
+    def key_of(self, url: str, version: str) -> str:
+        """The cache key of the object at ``url`` (``fs.unstrip_protocol(path)``) and ``version``.
+
+        :meth:`key` for callers that already hold the URL (no filesystem call); with a
+        derivation, the key of the derived value.
+        """
         key = make_key(url, version)
         return key if self.derive is None else derived_key(key, self.derive.tag)
+
+    _key = key_of
 
     @staticmethod
     def version(fs: fsspec.AbstractFileSystem, path: str) -> str:

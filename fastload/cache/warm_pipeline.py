@@ -108,20 +108,20 @@ class _Batch:
     """Downloads waiting to be stored together."""
 
     def __init__(self) -> None:
-        self.items: list[tuple[str, dict[str, Any], Fill]] = []
+        self.items: list[tuple[str, Fill]] = []
         self.nbytes = 0
         self.since = 0.0
 
-    def add(self, path: str, info: dict[str, Any], fill: Fill) -> None:
+    def add(self, path: str, fill: Fill) -> None:
         if not self.items:
             self.since = time.monotonic()
-        self.items.append((path, info, fill))
+        self.items.append((path, fill))
         self.nbytes += len(fill.value)
 
     def full(self) -> bool:
         return len(self.items) >= BATCH or self.nbytes >= BATCH_BYTES
 
-    def take(self) -> list[tuple[str, dict[str, Any], Fill]]:
+    def take(self) -> list[tuple[str, Fill]]:
         items, self.items, self.nbytes = self.items, [], 0
         return items
 
@@ -168,9 +168,9 @@ class _Run:
                  finished: Finished, derive_pool: ThreadPoolExecutor | None) -> None:
         self.store, self.fs, self.fetcher = store, fs, fetcher
         self.breaker, self.finished, self.derive_pool = breaker, finished, derive_pool
-        self.pending: dict[str, dict[str, Any]] = {}  # submitted, not yet done
+        self.pending: dict[str, tuple[str, dict[str, Any]]] = {}  # path -> (url, info)
         self.pending_bytes = 0
-        self.ready: deque[tuple[str, dict[str, Any]]] = deque()  # missing, not submitted
+        self.ready: deque[tuple[str, str, dict[str, Any]]] = deque()  # missing, not submitted
         self.batch = _Batch()
         self.listed_all = False
 
@@ -205,8 +205,8 @@ class _Run:
             room = window - len(self.pending)
             paths = []
             while self.ready and room and (self.pending_bytes < WINDOW_BYTES or not paths):
-                path, info = self.ready.popleft()
-                self.pending[path] = info
+                path, url, info = self.ready.popleft()
+                self.pending[path] = url, info
                 self.pending_bytes += int(info.get("size") or 0)
                 paths.append(path)
                 room -= 1
@@ -219,10 +219,12 @@ class _Run:
             if not chunk:
                 self.listed_all = True
                 return False
-            keys = [self.store.key(self.fs, path, info["version"]) for path, info in chunk]
-            for (path, info), gone in zip(chunk, self.store.missing(keys, shared_only=True)):
+            urls = [self.fs.unstrip_protocol(path) for path, _ in chunk]
+            keys = [self.store.key_of(url, info["version"]) for url, (_, info) in zip(urls, chunk)]
+            missing = self.store.missing(keys, shared_only=True)
+            for url, (path, info), gone in zip(urls, chunk, missing):
                 if gone:
-                    self.ready.append((path, info))
+                    self.ready.append((path, url, info))
                 else:
                     self.finished(path, info, "hit", None)
         return True
@@ -242,7 +244,7 @@ class _Run:
             if error is not None:  # the derivation rejected them: the object's own problem
                 self._done(item.path, "failed", error)
             elif fill is not None:
-                self.batch.add(item.path, self.pending[item.path], fill)
+                self.batch.add(item.path, fill)
         if self.breaker.tripped:
             for path in self.fetcher.cancel_queued():  # not started: left for the rerun
                 self._forget(path)
@@ -251,9 +253,8 @@ class _Run:
         if item.error is not None:
             return None, item.error
         assert item.data is not None
-        info = self.pending[item.path]
+        url, info = self.pending[item.path]
         try:
-            url = self.fs.unstrip_protocol(item.path)
             return self.store.prepare(url, info["version"], item.data, item.version), None
         except CacheError as exc:  # the derivation rejected the bytes
             return None, exc
@@ -261,9 +262,9 @@ class _Run:
     def _flush(self) -> None:
         items = self.batch.take()
         outcomes: list[Outcome] = self.store.store_many(
-            [fill for _, _, fill in items], shared_only=True
+            [fill for _, fill in items], shared_only=True
         )
-        for (path, _, _), outcome in zip(items, outcomes):
+        for (path, _), outcome in zip(items, outcomes):
             self._done(path, outcome, None)
 
     def _done(self, path: str, outcome: str, error: FastloadError | None) -> None:
@@ -271,6 +272,6 @@ class _Run:
         self.finished(path, info, outcome, error)
 
     def _forget(self, path: str) -> dict[str, Any]:
-        info = self.pending.pop(path)
+        _, info = self.pending.pop(path)
         self.pending_bytes -= int(info.get("size") or 0)
         return info
