@@ -66,7 +66,7 @@ def broken(tmp_path, request):
     """(samples, path of sample BAD, how): the (path, label) list of a whole folder, then
     one file broken, as when a file breaks between the listing and the read."""
     root = make_jpeg_folder(tmp_path / "data", images=IMAGES, classes=1, size=(48, 40))
-    samples = ImageFolder(root).samples
+    samples = list(ImageFolder(root).samples)  # a list of pairs (samples is a view)
     path = Path(samples[BAD][0])
     break_file(path, request.param)
     return samples, str(path), request.param

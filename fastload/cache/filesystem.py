@@ -11,7 +11,8 @@ storage under its protocol::
 Each open asks the origin for the object's version (one ``info`` request, so a changed
 object is never served stale) and reads the bytes from the fastest tier that has them,
 unless the filesystem was given the versions from a listing (:attr:`versions`, as
-``ImageFolder`` does through :class:`CachedReads`). Listing (``ls``, ``find``, ``info``)
+``ImageFolder`` does through :class:`CachedReads`: a view of its index) or the read names
+one (``cat_file(path, version=...)``, what ``Storage.read(path, version)`` sends). Listing (``ls``, ``find``, ``info``)
 goes to the origin. The protocol is read-only.
 
 Over a cache made with :meth:`~fastload.cache.tiered.TieredCache.deriving` (a transcoded
@@ -94,9 +95,18 @@ class FastloadCacheFileSystem(ChainedFileSystem):
     def _target_path(self, path: str) -> str:
         return self.fs._strip_protocol(self._strip_protocol(path))
 
-    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+    def cat_file(
+        self,
+        path: str,
+        start: int | None = None,
+        end: int | None = None,
+        version: str | None = None,
+        **kwargs: Any,
+    ) -> bytes:
+        """The object's bytes through the cache; ``version`` (a listing's) spares the lookup."""
         target = self._target_path(path)
-        version = None if self.versions is None else self.versions.get(target)
+        if version is None and self.versions is not None:
+            version = self.versions.get(target)
         if version is None and self.versions is not None:
             # not listed (an explicit file list): ask once per process
             version = self.versions[target] = self.cache.version(self.fs, target)

@@ -20,9 +20,7 @@ list of ``(path, label)`` pairs works too: ``ImageFolder([("a.jpg", 0), ("b.jpg"
 
 from __future__ import annotations
 
-import errno
 import logging
-import numbers
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -30,13 +28,13 @@ from dataclasses import replace
 from typing import Any, Literal
 
 import torch
-from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset, get_worker_info
 
 from fastload.arguments import (
     check_bool,
     check_choice,
     check_mapping,
+    check_number,
     check_optional_int,
     check_size,
     check_strings,
@@ -44,21 +42,29 @@ from fastload.arguments import (
 )
 from fastload.cache import TieredCache, open_cache
 from fastload.cache.filesystem import CachedReads
-from fastload.data import batchinfo
+from fastload.data import batchinfo, listing, sample_errors
+from fastload.data.folder_args import check_root, check_transform_alone
+from fastload.data.index import DatasetIndex
+from fastload.data.index_views import IndexVersions, SamplesView, TargetsView
+from fastload.data.listing import from_pairs
 from fastload.data.pipeline import ImagePipeline, Normalize
+from fastload.data.sample_errors import DECODE_ERRORS
 from fastload.data.sampling import mix_seed
+from fastload.data.stored_listing import (
+    DEFAULT_MAX_AGE_S,
+    StoredListing,
+    index_of_root,
+    store_versions,
+)
 from fastload.data.transcode import transcoding
 from fastload.data.transforms import CompiledTransform, compile_transform
 from fastload.errors import (
     ConfigError,
     CorruptSampleError,
-    EmptyDatasetError,
-    MissingSampleError,
     SampleError,
     StorageError,
     UnreadableSampleError,
 )
-from fastload.io.errors import describe
 from fastload.io.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -67,40 +73,7 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 
 OnError = Literal["raise", "skip"]
 
-# Pillow's own decode errors; anything else (a bug, MemoryError) propagates unchanged.
-DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
-
-
-def _check_root(root: Any) -> None:
-    """A path or URL, or a non-empty list of (path, label) pairs with labels ints >= 0."""
-    if isinstance(root, (str, os.PathLike)):
-        return
-    expected = "a path or URL (str, os.PathLike), or a list of (path, label) pairs"
-    if not isinstance(root, Sequence) or isinstance(root, bytes):
-        raise config_error("ImageFolder", "root", root, expected)
-    for item in root:
-        ok = isinstance(item, Sequence) and not isinstance(item, (str, bytes)) and len(item) == 2
-        if not (ok and isinstance(item[0], (str, os.PathLike))
-                and isinstance(item[1], numbers.Integral) and not isinstance(item[1], bool)
-                and item[1] >= 0):
-            raise config_error(
-                "ImageFolder", "root", root, expected,
-                f"The item {item!r} is not a (path, label >= 0) pair",
-            )
-
-
-def _check_transform_alone(pipeline: Any, size: tuple[int, int], train: bool, normalize: Any) -> None:
-    """``transform=`` decides the geometry itself: pipeline/size/train/normalize conflict."""
-    given = ["pipeline"] if pipeline is not None else []
-    given += [name for name, value, default in (
-        ("size", size, (224, 224)), ("train", train, False), ("normalize", normalize, False),
-    ) if value != default]
-    if given:
-        raise ConfigError(
-            f"ImageFolder(transform=..., {', '.join(f'{g}=...' for g in given)}): pass either "
-            f"transform or {'/'.join(given)}, not both. The transform decides the crop, flip and "
-            "normalization; put them in it (T.RandomResizedCrop(224), T.Normalize(...))"
-        )
+__all__ = ["DECODE_ERRORS", "IMAGE_EXTENSIONS", "ImageFolder"]
 
 
 class ImageFolder(Dataset):
@@ -132,6 +105,24 @@ class ImageFolder(Dataset):
         seed: seed of the random augmentations; None follows ``torch.manual_seed``.
         extensions: file endings that count as images (case-insensitive).
         storage_options: passed to fsspec (credentials, endpoint, ...).
+        listing_max_age: seconds a listing stored in the cache is reused instead of
+            listing the root again (NOTE [the stored listing]); 0 = always list. The
+            default, an hour, covers what the stored listing is for: every rank and node
+            starting together, and restarts after a crash or a preemption, list nothing;
+            and it bounds how old a reused sample set can be, so files added to the root
+            are in a new ImageFolder within the hour without anyone asking. Versions are
+            still revalidated every epoch after the first (docs/reliability.md). Needs a
+            cache with a disk or Redis tier; without one the root is listed every time.
+
+    Attributes:
+        samples: ``(path, label)`` of each sample, ``targets`` their labels, ``classes``
+            the class names, ``class_to_idx`` name -> label, like torchvision's. ``samples``
+            and ``targets`` are read-only views of :attr:`index` (lists of a million tuples
+            would cost ~300 bytes a sample in every worker), not lists: index, slice,
+            iterate and compare them like lists; to choose samples, pass a list of
+            ``(path, label)`` as ``root`` or wrap the dataset in ``torch.utils.data.Subset``.
+        index: the :class:`~fastload.data.index.DatasetIndex` of paths, labels, sizes and
+            versions (numpy arrays, ~100 bytes a sample).
     """
 
     fastload_worker_safe = True  # see NOTE [auto never changes the batches]
@@ -150,6 +141,7 @@ class ImageFolder(Dataset):
         seed: int | None = None,
         extensions: Sequence[str] = IMAGE_EXTENSIONS,
         storage_options: dict[str, Any] | None = None,
+        listing_max_age: float = DEFAULT_MAX_AGE_S,
     ) -> None:
         where = "ImageFolder"
         on_error = check_choice(where, "on_error", on_error, ("raise", "skip"))  # type: ignore[assignment]
@@ -165,11 +157,12 @@ class ImageFolder(Dataset):
         seed = check_optional_int(where, "seed", seed)
         extensions = check_strings(where, "extensions", extensions, example="('.jpg', '.png')")
         storage_options = check_mapping(where, "storage_options", storage_options)
-        _check_root(root)
+        self.listing_max_age = check_number(where, "listing_max_age", listing_max_age, low=0)
+        check_root(root)
         self.transform = transform  # the user's object, as given
         self.compiled: CompiledTransform | None = None
         if transform is not None:
-            _check_transform_alone(pipeline, size, train, normalize)
+            check_transform_alone(pipeline, size, train, normalize)
             self.compiled = compile_transform(transform)
             self.pipeline = self.compiled.pipeline
         else:
@@ -183,21 +176,55 @@ class ImageFolder(Dataset):
         # self.cache) keep re-encoded images under their own keys (docs/cache.md).
         self._cache = transcoding(self._cache)
         # One filesystem for reads: with a cache, the fastload:: one over the origin's, keyed
-        # by the listing's versions (Storage.versions; NOTE [cache keys]).
+        # by the index's versions (passed with each read; NOTE [cache keys]).
         reads = None if self._cache is None else CachedReads(self._cache)
+        versions = IndexVersions()
+        self._stored: StoredListing | None = None  # where this index may be stored again
         if isinstance(root, (str, os.PathLike)):
-            self.storage = Storage(os.fspath(root), storage_options, read_through=reads)
-            self.samples, self.classes = self._scan()
+            self.storage = Storage(os.fspath(root), storage_options, read_through=reads, versions=versions)
+            self.index, self._stored = index_of_root(
+                self.storage, self._cache, extensions=self.extensions, on_error=self.on_error,
+                max_age=self.listing_max_age, storage_options=storage_options,
+            )
         else:
-            self.storage = Storage("/", storage_options, read_through=reads)
-            self.samples = [(str(p), int(label)) for p, label in root]
-            if not self.samples:
-                raise EmptyDatasetError("ImageFolder got an empty list of (path, label) samples")
-            self.classes = [str(i) for i in range(max(label for _, label in self.samples) + 1)]
+            self.storage = Storage("/", storage_options, read_through=reads, versions=versions)
+            paths, labels = from_pairs(root)
+            found = None
             if self._cache is not None:  # the versions' snapshot (NOTE [consistency])
-                self.storage.versions.update(self.storage.current_versions(self._paths()))
+                current = self.storage.current_versions(paths)
+                found = [current.get(p) for p in paths]
+            self.index = DatasetIndex.build(
+                "", paths, labels, classes=[str(i) for i in range(max(labels) + 1)], versions=found
+            )
+        versions.index = self.index
+        self.classes = list(self.index.classes)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
-        self.targets = [label for _, label in self.samples]
+
+    @property
+    def samples(self) -> SamplesView:
+        """``(path, label)`` of each sample: a read-only view of :attr:`index` (see the class doc)."""
+        return SamplesView(self.index)
+
+    @samples.setter
+    def samples(self, value: Any) -> None:
+        raise ConfigError(
+            "ImageFolder.samples is a read-only view of the dataset's index; to read other "
+            "files, pass them as a list: ImageFolder([(path, label), ...]), or wrap the dataset "
+            "in torch.utils.data.Subset(ds, indices)"
+        )
+
+    @property
+    def targets(self) -> TargetsView:
+        """The label of each sample: a read-only view of :attr:`index` (``index.labels`` is
+        the numpy array)."""
+        return TargetsView(self.index)
+
+    @targets.setter
+    def targets(self, value: Any) -> None:
+        raise ConfigError(
+            "ImageFolder.targets is a read-only view of the dataset's labels; pass other "
+            "labels with the paths: ImageFolder([(path, label), ...])"
+        )
 
     @property
     def root(self) -> str:
@@ -206,43 +233,8 @@ class ImageFolder(Dataset):
     @property
     def cache(self) -> TieredCache | None:
         """The cache reads go through, or None. ``storage.fs`` is the origin's filesystem and
-        ``storage.versions`` the listing's versions, by path (what a prefetcher needs)."""
+        ``storage.versions`` the listing's versions by path (a view of :attr:`index`)."""
         return self._cache
-
-    def _scan(self) -> tuple[list[tuple[str, int]], list[str]]:
-        found = self.storage.listing(on_error=self.on_error)
-        base = self.storage.root.rstrip("/")
-        by_class: dict[str, list[str]] = {}
-        for path in found.files:
-            rel = path[len(base) :].lstrip("/")
-            if "/" not in rel or not rel.lower().endswith(self.extensions):
-                continue
-            by_class.setdefault(rel.split("/", 1)[0], []).append(path)
-        # NOTE [stable labels]: labels are positions in the sorted class names, so a class
-        # folder that vanished from the listing would renumber every later class. A folder
-        # that could not be listed (on_error="skip") keeps its class, with the images it could.
-        lost = sorted({f[len(base) :].lstrip("/").split("/", 1)[0] for f in found.unreadable})
-        for name in lost:
-            by_class.setdefault(name, [])
-        if lost:
-            shown = "; ".join(f"{f}: {why}" for f, why in list(found.unreadable.items())[:5])
-            logger.warning(
-                "ImageFolder(%r, on_error='skip'): could not list %d folders, their images are "
-                "left out (%s); classes %s keep their labels. Check the folders' permissions",
-                self.storage.url, len(found.unreadable), shown, lost,
-            )
-        if not any(by_class.values()):
-            unreadable = f" ({len(found.unreadable)} folders could not be listed)" if lost else ""
-            raise EmptyDatasetError(
-                f"no images found in {self.storage.url}{unreadable}: expected "
-                f"<root>/<class>/<image> with one of {', '.join(self.extensions)}"
-            )
-        classes = sorted(by_class)
-        samples = [(p, label) for label, c in enumerate(classes) for p in sorted(by_class[c])]
-        return samples, classes
-
-    def _paths(self) -> list[str]:
-        return [path for path, _ in self.samples]
 
     def revalidate(self) -> int:
         """Re-read the versions of this dataset's files, so cached reads see changed files.
@@ -263,49 +255,18 @@ class ImageFolder(Dataset):
             >>> ds.revalidate()          # after files were rewritten
             3
         """
-        storage = self.storage
         if self._cache is None:
             return 0
-        old = dict(storage.versions)
-        paths = self._paths()
-        if self._listed_root:
-            found = storage.listing(on_error=self.on_error, warn=False).files
-            current = {p: info["version"] for p, info in found.items()}
-            known = set(paths)
-            added = sum(
-                1 for p in found if p not in known and p.lower().endswith(self.extensions)
-            )
-        else:
-            current = storage.current_versions(paths)
-            storage.versions.update(current)
-            added = 0
-        changed = [p for p in paths if p in current and old.get(p) != current[p]]
-        missing = [p for p in paths if p not in current]
-        for path in missing:
-            storage.versions.pop(path, None)
-        if missing:
-            logger.warning(
-                "%s: %d of %d images were deleted since the dataset was listed (%s%s); reading "
-                "them raises ObjectNotFoundError (on_error='skip' skips them). Build a new "
-                "ImageFolder to drop them from the sample set",
-                storage.url, len(missing), len(paths), ", ".join(missing[:5]),
-                " ..." if len(missing) > 5 else "",
-            )
-        if changed:
-            logger.info(
-                "%s: %d of %d images changed since the last listing (%s%s); the cache reads "
-                "their new versions", storage.url, len(changed), len(paths),
-                ", ".join(changed[:5]), " ..." if len(changed) > 5 else "",
-            )
-        if added:
-            logger.info(
-                "%s: %d new images are not in the sample set, which is fixed when the "
-                "ImageFolder is built; build a new one to include them", storage.url, added,
-            )
-        return len(changed) + len(missing)
+        changed, replaced = listing.revalidate(
+            self.storage, self.index, listed_root=self._listed_root, on_error=self.on_error,
+            extensions=self.extensions,
+        )
+        if replaced and self._stored is not None:
+            store_versions(self._stored, self.index)
+        return changed
 
     def __len__(self) -> int:
-        return len(self.samples)
+        return len(self.index)
 
     def __repr__(self) -> str:
         return (
@@ -332,7 +293,7 @@ class ImageFolder(Dataset):
 
     def load(self, index: int) -> tuple[torch.Tensor, int]:
         """Read and transform one sample; errors name the file and the index."""
-        label = self.samples[index][1]
+        label = self.index.label(index)
         start = time.perf_counter()
         data = self.read_bytes(index)
         fetched = time.perf_counter()
@@ -353,51 +314,21 @@ class ImageFolder(Dataset):
         :class:`~fastload.errors.MissingSampleError` for a file gone since the listing)
         naming the file and the index, with the storage's error as ``__cause__``.
         """
-        path = self.samples[index][0]
+        path, version = self.index.path(index), self.index.version(index)
         try:
-            return self.storage.read(path)
+            return self.storage.read(path, version)
         except (StorageError, OSError) as exc:  # a cache tier may raise a bare OSError
             raise self.unreadable(index, exc) from exc
 
     def unreadable(self, index: int, exc: BaseException) -> UnreadableSampleError:
         """The error for sample ``index`` whose bytes cannot be read (``exc`` says why)."""
-        path = self.samples[index][0]
-        root = exc.__cause__ if isinstance(exc, StorageError) and exc.__cause__ else exc
-        if isinstance(exc, FileNotFoundError):
-            kind: type[UnreadableSampleError] = MissingSampleError
-            fix = "It was listed but is gone: restore it, or build the ImageFolder again to re-list"
-        elif isinstance(root, PermissionError):
-            kind, fix = UnreadableSampleError, "Make it readable by this process (chmod, chown)"
-        elif isinstance(root, OSError) and root.errno == errno.ELOOP:
-            kind, fix = UnreadableSampleError, "It is a symbolic link that loops: repoint or remove it"
-        else:
-            kind, fix = UnreadableSampleError, "Check the storage (network, credentials) and retry"
-        return kind(
-            f"cannot read image {self.storage.to_url(path)} (index {int(index)}): "
-            f"{describe(root)}. {fix}, or pass on_error='skip' to skip and count it.",
-            index=int(index),
-            path=path,
-        )
+        path = self.index.path(index)
+        return sample_errors.unreadable(self.storage.to_url(path), index, path, exc)
 
     def corrupt(self, index: int, exc: BaseException) -> CorruptSampleError:
         """The error for sample ``index`` whose bytes do not decode (``exc`` says why)."""
-        path = self.samples[index][0]
-        # Pillow's text for an unknown format names a BytesIO by its address: say it plainly.
-        why = "Pillow cannot identify it as an image" if isinstance(exc, UnidentifiedImageError) else exc
-        if isinstance(exc, Image.DecompressionBombError):
-            fix = (
-                "It has more pixels than Pillow allows (PIL.Image.MAX_IMAGE_PIXELS guards "
-                "against decompression bombs): raise that limit if the file is trusted, remove "
-                "it"
-            )
-        else:
-            fix = "Replace or remove the file"
-        return CorruptSampleError(
-            f"cannot decode image {self.storage.to_url(path)} (index {int(index)}): {why}. "
-            f"{fix}, or pass on_error='skip' to skip and count it.",
-            index=int(index),
-            path=path,
-        )
+        path = self.index.path(index)
+        return sample_errors.corrupt(self.storage.to_url(path), index, path, exc)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         try:
@@ -427,7 +358,7 @@ class ImageFolder(Dataset):
 
     def skipped(self, index: int, exc: SampleError) -> batchinfo.Skipped:
         """The record of sample ``index`` skipped under ``on_error="skip"`` for ``exc``."""
-        path = exc.path or self.samples[index][0]
+        path = exc.path or self.index.path(index)
         logger.debug("skipped sample %d (%s): %s", int(index), path, exc)
         return batchinfo.Skipped(int(index), path, str(exc))
 
@@ -465,3 +396,4 @@ class ImageFolder(Dataset):
         if norm is None:
             return self, None
         return self.with_pipeline(replace(self.pipeline).without_normalize()), norm
+

@@ -80,7 +80,7 @@ def prepare(dataset: ImageFolder, index: int) -> Sample:
     except DECODE_ERRORS as exc:
         raise dataset.corrupt(index, exc) from exc
     plan = dataset.pipeline.plan(width, height, random.Random(dataset.sample_seed(index)))
-    label = dataset.samples[index][1]
+    label = dataset.index.label(index)
     return Sample(int(index), label, np.frombuffer(data, np.uint8), plan, width, height, fetched - start)
 
 

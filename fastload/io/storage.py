@@ -44,8 +44,10 @@ logger = logging.getLogger(__name__)
 OnListError = Literal["raise", "skip"]
 
 ReadThrough = Callable[[fsspec.AbstractFileSystem, MutableMapping[str, str]], fsspec.AbstractFileSystem]
-"""Builds the filesystem reads go through from the origin's and the listing's versions
-(path -> version, kept up to date in place by every listing). It must pickle."""
+"""Builds the filesystem reads go through from the origin's and the versions (path ->
+version: the listing's, kept up to date in place, or the caller's mapping). It must pickle.
+Its ``cat_file(path, start=0, version=v)`` takes a version a caller already knows
+(:meth:`Storage.read` with ``version=``), so the layer needs no lookup for it."""
 
 _INSTALL_HINTS = {
     "s3": "pip install 'fastload[s3]' (s3fs)",
@@ -97,10 +99,14 @@ class Storage:
         read_through: builds the filesystem reads go through over the origin's (see
             :data:`ReadThrough`); None reads the origin. With one, :attr:`versions` keeps the
             versions of the last listing.
+        versions: the caller's own ``path -> version`` mapping for ``read_through``
+            (``ImageFolder`` passes a view of its index, not a dict per path); listings
+            then leave it alone and the caller keeps it current.
 
     Attributes:
         versions: path -> version from the last listing (or :meth:`current_versions`), kept
-            only with ``read_through``; updated in place, never replaced.
+            only with ``read_through``; updated in place, never replaced. Or the mapping
+            given as ``versions``.
     """
 
     def __init__(
@@ -109,10 +115,12 @@ class Storage:
         storage_options: dict[str, Any] | None = None,
         *,
         read_through: ReadThrough | None = None,
+        versions: MutableMapping[str, str] | None = None,
     ):
         self.url = os.fspath(url)
         self.read_through = read_through
-        self.versions: dict[str, str] = {}
+        self._keeps_versions = versions is None and read_through is not None
+        self.versions: MutableMapping[str, str] = {} if versions is None else versions
         if "://" not in self.url and "::" not in self.url:
             self.url = os.path.abspath(os.path.expanduser(self.url))
         self.storage_options = dict(storage_options or {})
@@ -189,7 +197,8 @@ class Storage:
     def listing(self, *, on_error: OnListError = "raise", warn: bool = True) -> Listing:
         """One listing of the root: its regular files and what it had to leave out.
 
-        With ``read_through`` the files' versions are kept in ``self.versions``.
+        With ``read_through`` (and no ``versions`` of the caller's) the files' versions are
+        kept in ``self.versions``.
         Special files (FIFOs, sockets, devices) and dangling or looping symlinks are left out
         with one warning (``warn``) that names them. Example::
 
@@ -208,7 +217,7 @@ class Storage:
             raise ObjectNotFoundError(f"dataset root {self.url} does not exist") from exc
         except Exception as exc:  # NOTE [storage errors] in fastload.io.errors
             raise StorageError(f"cannot list {self.url}: {describe(exc)}") from exc
-        if self.read_through is not None:
+        if self._keeps_versions:
             self._keep_versions({path: info["version"] for path, info in found.files.items()})
         if warn and found.skipped:
             shown = ", ".join(f"{p} ({why})" for p, why in list(found.skipped.items())[:10])
@@ -271,13 +280,17 @@ class Storage:
                     out[name] = version_of(info)
         return out
 
-    def read(self, path: str) -> bytes:
+    def read(self, path: str, version: str | None = None) -> bytes:
         """The whole object at ``path`` through :attr:`reader`, in one request.
 
+        ``version``: the object's version where the caller knows it (a listing's); the
+        ``read_through`` layer keys its cache by it without a lookup. Ignored without one.
         A missing object raises ObjectNotFoundError, any other failure StorageError, naming
         its URL (NOTE [storage errors] in :mod:`fastload.io.errors`).
         """
         try:
+            if version is not None and self.read_through is not None:
+                return self.reader.cat_file(path, start=0, version=version)
             return read_whole(self.reader, path)
         except Exception as exc:  # NOTE [storage errors]
             converted = storage_error(exc, "read", self.to_url(path))

@@ -3,8 +3,9 @@
 The epoch's order is a pure function of the sampler's seed and epoch (NOTE [per-sample
 seeds] in :mod:`fastload.data.sampling`), so the loader knows every object the epoch will
 read before it reads one. :func:`follow_loader` turns that order into the objects' paths
-and versions and hands them to a :class:`fastload.cache.prefetcher.Prefetcher`, which fills
-the cache ahead of the workers. The cache itself knows nothing of loaders or samplers.
+(made one at a time as they are claimed: :class:`EpochPaths`) and versions (the dataset's
+index, through ``storage.versions``) and hands them to a
+:class:`fastload.cache.prefetcher.Prefetcher`, which fills the cache ahead of the workers. The cache itself knows nothing of loaders or samplers.
 
 Example::
 
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fastload.cache.prefetcher import Prefetcher
 from fastload.cache.tiered import TieredCache
+from fastload.data.index import DatasetIndex
 from fastload.data.sampling import EpochSampler
 
 if TYPE_CHECKING:
@@ -58,10 +60,15 @@ def follow_loader(loader: DataLoader, source: Iterator[Any], *, start_batch: int
         return source
     order = sampler.indices()  # this rank's, after any resumed span (NOTE [resumed epochs])
     in_flight = max(1, loader.num_workers) * (loader.prefetch_factor or 2) + 2
+    index = getattr(dataset, "index", None)  # ImageFolder.index: paths made as they are claimed
+    paths: Sequence[str] = (
+        EpochPaths(index, order) if isinstance(index, DatasetIndex)
+        else [dataset.samples[i][0] for i in order]
+    )
     prefetcher = Prefetcher(
         cache,
         storage.fs,
-        [dataset.samples[i][0] for i in order],
+        paths,
         versions=storage.versions,
         ahead=cache.config.prefetch_ahead or max(64, in_flight * batch),
         jobs=cache.config.prefetch_jobs,
@@ -70,3 +77,29 @@ def follow_loader(loader: DataLoader, source: Iterator[Any], *, start_batch: int
     ).start()
     _running[loader] = prefetcher
     return prefetcher.follow(source, batch)
+
+
+class EpochPaths(Sequence):
+    """The paths of an epoch's samples in ``order``, each made when the prefetcher claims it.
+
+    A list of every path of the epoch would be a million strings at ImageNet scale, made
+    at each epoch start (NOTE [bounded bytes per sample] in :mod:`fastload.data.index`).
+
+    Example::
+
+        >>> paths = EpochPaths(ds.index, [5, 2, 9])
+        >>> paths[1] == ds.samples[2][0], len(paths)
+        (True, 3)
+    """
+
+    def __init__(self, index: DatasetIndex, order: Sequence[int]) -> None:
+        self.index = index
+        self.order = order
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [self.index.path(i) for i in self.order[k]]
+        return self.index.path(self.order[k])

@@ -1,0 +1,234 @@
+"""The stored listing: a dataset's index kept in its cache, so a restart lists nothing.
+
+NOTE [the stored listing]
+Listing a root is slow at scale (1.28M keys are ~1,300 LIST requests on S3; a local walk of
+a million files takes seconds) and every rank of every node used to do it at each start.
+``ImageFolder(root, cache=...)`` keeps its :class:`~fastload.data.index.DatasetIndex` (paths,
+sizes, versions, labels, classes) as one entry in the cache's *shared* tiers (disk, Redis),
+under a key made of the root's URL, the extensions, a digest of the storage options and the
+index format (:func:`listing_key`). A later build within ``listing_max_age`` seconds of that
+listing loads it and sends no listing request: a restart finds it on the node's disk tier,
+other nodes in a shared Redis tier. Builds that start together list once: each takes the
+key lock of the widest tier that has one (:class:`~fastload.cache.tier.KeyLocking`: the disk
+tier's file lock), looks again, and only the first lists and stores.
+
+What may be reused (docs/reliability.md, "Consistency model"):
+* only a complete listing is stored (one that left no folder out under ``on_error="skip"``);
+* an entry that fails validation (checksum, bounds, labels; :mod:`.index_format`), was made
+  for another URL or extensions, or is of another format version is ignored with a DEBUG
+  line and replaced by a fresh listing;
+* ``listed_at`` is when the sample set was listed; a revalidation refreshes the versions in
+  the entry (``ImageFolder.revalidate`` rewrites it when something changed) but not its age,
+  so a reused sample set is never older than ``listing_max_age``.
+Tiers keep immutable values under a key (a put of a present key keeps the old value), so a
+rewrite deletes the entry, then puts the new one; a reader in between lists again.
+
+Example::
+
+    >>> index, stored = index_of_root(storage, cache, extensions=(".jpg",), on_error="raise",
+    ...                               max_age=3600, storage_options={})
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from fastload.cache.keys import digest
+from fastload.cache.tier import KeyLocking, Tier
+from fastload.cache.tiered import TieredCache
+from fastload.data.index import DatasetIndex, IndexFormatError
+from fastload.data.index_format import FORMAT
+from fastload.data.listing import prefix_of, scan
+from fastload.io.storage import OnListError, Storage
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_AGE_S = 3600.0
+"""Seconds a stored listing is reused (see ``ImageFolder(listing_max_age=)`` for why)."""
+
+_CLOCK_SKEW_S = 300.0  # a listing "from the future" by more than this is not trusted
+
+
+KEY_PREFIX = "fastload-listing:"
+"""What the key of every stored listing starts with (no object's key does: those are URLs)."""
+
+
+def is_listing_key(key: str) -> bool:
+    """Whether a cache key is a stored listing's, not an object's (``fastload cache`` tools)."""
+    return key.startswith(KEY_PREFIX)
+
+
+def listing_key(url: str, extensions: Sequence[str], storage_options: dict[str, Any] | None) -> str:
+    """The cache key of the stored listing of ``url`` with ``extensions`` and options.
+
+    The options (endpoint, credentials...) go in as a digest: the same URL on another
+    endpoint is another dataset, and no secret is written into a key.
+
+    Example::
+
+        >>> listing_key("s3://bucket/train", (".jpg",), {})
+        'fastload-listing:v1:s3://bucket/train#ext=.jpg#opts=...'
+    """
+    options = json.dumps(storage_options or {}, sort_keys=True, default=lambda o: type(o).__qualname__)
+    ext = ",".join(sorted({e.lower() for e in extensions}))
+    return f"{KEY_PREFIX}v{FORMAT}:{url}#ext={ext}#opts={digest(options)[:16]}"
+
+
+class StoredListing:
+    """The index of one dataset in ``cache``'s shared tiers, under ``key``.
+
+    Args:
+        cache: the dataset's cache; only its shared tiers (disk, Redis) are used.
+        key: from :func:`listing_key`.
+        url: the root's URL, checked against what the entry says it lists.
+        extensions: the extensions it was listed with, checked the same way.
+        prefix: what the root's paths start with (``listing.prefix_of``), checked too.
+    """
+
+    def __init__(
+        self, cache: TieredCache, key: str, *, url: str, extensions: Sequence[str], prefix: str
+    ) -> None:
+        self.key = key
+        self.url = url
+        self.prefix = prefix
+        self.extensions = sorted({e.lower() for e in extensions})
+        self.tiers: list[Tier] = [t for t in cache.tiers if t.shared]
+        lockers = [t for t in self.tiers if isinstance(t, KeyLocking)]
+        self._locker: KeyLocking | None = lockers[-1] if lockers else None
+        self.lock_timeout = cache.config.lock_timeout
+
+    @property
+    def available(self) -> bool:
+        """Whether the cache has a shared tier to keep the listing in."""
+        return bool(self.tiers)
+
+    def extra(self) -> dict[str, Any]:
+        """What an index made for this entry records about itself (checked by :meth:`load`)."""
+        return {"key": self.key, "url": self.url, "extensions": self.extensions}
+
+    def load(self, max_age: float) -> DatasetIndex | None:
+        """The stored index if one is valid and listed at most ``max_age`` seconds ago."""
+        for level, tier in enumerate(self.tiers):
+            # contains() first: a start that finds no listing counts no miss in the tier's
+            # stats, which count the dataset's objects
+            blob = tier.get(self.key) if tier.contains(self.key) else None
+            if blob is None:
+                continue
+            index = self._valid(tier, blob, max_age)
+            if index is not None:
+                for upper in self.tiers[:level]:  # a node's disk keeps what Redis had
+                    self._replace(upper, blob)
+                return index
+        return None
+
+    def _valid(self, tier: Tier, blob: bytes, max_age: float) -> DatasetIndex | None:
+        try:
+            index = DatasetIndex.from_bytes(blob)
+        except IndexFormatError as exc:
+            logger.debug("ignoring the stored listing %s in the %s tier: %s; listing again", self.key, tier.name, exc)
+            return None
+        if index.extra != self.extra() or index.prefix != self.prefix:
+            logger.debug(
+                "ignoring the stored listing %s in the %s tier: it is of %r below %r; listing "
+                "again", self.key, tier.name, index.extra, index.prefix,
+            )
+            return None
+        age = time.time() - index.listed_at
+        if age > max_age or age < -_CLOCK_SKEW_S:
+            logger.debug(
+                "the stored listing of %s in the %s tier is %.0f s old (listing_max_age=%g s); "
+                "listing again", self.url, tier.name, age, max_age,
+            )
+            return None
+        return index
+
+    def save(self, index: DatasetIndex) -> bool:
+        """Store ``index`` in every shared tier, replacing what was there; True if one took it."""
+        blob = index.to_bytes()
+        stored = [self._replace(tier, blob) for tier in self.tiers]
+        if not any(stored):
+            logger.info(
+                "could not store the listing of %s (%d bytes) in the cache (full?); the next "
+                "start lists again", self.url, len(blob),
+            )
+        return any(stored)
+
+    def _replace(self, tier: Tier, blob: bytes) -> bool:
+        tier.delete(self.key)
+        return tier.put(self.key, blob)
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[bool]:
+        """Hold the entry's cross-process lock (True), or go on without one (False).
+
+        Without a tier that locks, or when the lock is not had within the cache's
+        ``lock_timeout`` seconds (a listing that slow), it yields False.
+        """
+        if self._locker is None:
+            yield False
+            return
+        with self._locker.lock(self.key, self.lock_timeout) as got:
+            if not got:
+                logger.info(
+                    "waited %.0f s for another process listing %s; listing here too",
+                    self.lock_timeout, self.url,
+                )
+            yield got
+
+
+def index_of_root(
+    storage: Storage,
+    cache: TieredCache | None,
+    *,
+    extensions: tuple[str, ...],
+    on_error: OnListError,
+    max_age: float,
+    storage_options: dict[str, Any],
+) -> tuple[DatasetIndex, StoredListing | None]:
+    """The index of ``storage``'s root: the stored listing if fresh, else one listing.
+
+    Returns the index and where it is stored (None: not stored, so not to be rewritten:
+    no shared tier, or a listing that left folders out). See NOTE [the stored listing].
+    """
+    stored = None
+    if cache is not None:
+        stored = StoredListing(
+            cache, listing_key(storage.url, extensions, storage_options), url=storage.url,
+            extensions=extensions, prefix=prefix_of(storage),
+        )
+    if stored is None or not stored.available:
+        return scan(storage, extensions, on_error).index, None
+    reuse = max_age > 0
+    index = stored.load(max_age) if reuse else None
+    if index is None:
+        with stored.lock():  # processes starting together list once
+            index = stored.load(max_age) if reuse else None
+            if index is None:
+                found = scan(storage, extensions, on_error, extra=stored.extra())
+                if not found.complete:  # a listing that left folders out is not reused
+                    return found.index, None
+                stored.save(found.index)
+                return found.index, stored
+    logger.info(
+        "%s: reusing the listing stored in the cache %.0f s ago (%d images, %d classes), no "
+        "listing request; files added since are left out until it is %g s old "
+        "(listing_max_age); pass listing_max_age=0 to list now",
+        storage.url, time.time() - index.listed_at, len(index), len(index.classes), max_age,
+    )
+    return index, stored
+
+
+def store_versions(stored: StoredListing, index: DatasetIndex) -> None:
+    """Rewrite the stored listing with ``index``'s new versions, unless another listing
+    (a newer sample set) replaced it meanwhile."""
+    with stored.lock():
+        there = stored.load(float("inf"))
+        if there is not None and there.listed_at != index.listed_at:
+            logger.debug("%s: the stored listing is another listing's now; not rewriting it", stored.url)
+            return
+        stored.save(index)
