@@ -152,7 +152,7 @@ def test_image_folder_reads_transcoded_images_and_the_second_epoch_reads_no_orig
     assert [labels for _, labels in first] == expected
     assert ds.cache.origin_reads == len(ds)  # once each: the prefetcher and reads share fetches
     disk = ds.cache.tiers[0]
-    objects = [k for k in disk.keys() if not is_listing_key(k)]  # and the stored listing
+    objects = [k for k in disk.keys() if not is_listing_key(k)]  # noqa: SIM118 (and the listing)
     assert sorted(objects) == sorted(_key(Path(p), Transcode(128).tag) for p, _ in ds.samples)
     for _ in loader:  # the second epoch: everything from the transcoded entries
         pass
@@ -164,7 +164,7 @@ def test_worker_processes_read_the_transcoded_entries(big_root, tmp_path):
     ds = ImageFolder(big_root, size=32, cache=spec)
     batches = list(DataLoader(ds, batch_size=4, num_workers=2))
     assert sum(len(y) for _, y in batches) == len(ds)
-    keys = {k for k in open_cache(tmp_path / "c").tiers[0].keys() if not is_listing_key(k)}
+    keys = {k for k in open_cache(tmp_path / "c").tiers[0].keys() if not is_listing_key(k)}  # noqa: SIM118
     assert keys == {_key(Path(p), Transcode(128).tag) for p, _ in ds.samples}
 
 
