@@ -1,7 +1,8 @@
-"""A disk cache directory opened safely: its marker, its fixed layout, and files opened
-without ever following a symlink. The disk tier (:mod:`.disk`), its counters
-(:mod:`.diskstats`) and ``fastload cache`` (:mod:`.maintenance`) reach the directory only
-through :class:`CacheDir`.
+"""A disk cache directory opened safely: its marker, its fixed layout, its small root files
+and locks, all without ever following a symlink. Its entry files are :attr:`CacheDir.entries`
+(:class:`~fastload.cache.entryfiles.EntryFiles`). The disk tier (:mod:`.disk`), its stores,
+its counters (:mod:`.diskstats`) and ``fastload cache`` (:mod:`.maintenance`) reach the
+directory only through :class:`CacheDir`.
 
 NOTE [a cache directory holds only fastload's files]
 A cache directory is often shared by a group, and anyone who can write it can plant a name
@@ -25,25 +26,26 @@ or deletes through such a name, and never takes a user's directory for a cache:
 Example::
 
     >>> d = CacheDir(Path("/nvme/fastload"), create=True)
-    >>> d.store_entry("ab" + "0" * 30, [b"header", b"value"])
-    >>> d.open_entry("ab" + "0" * 30).read()
-    b'headervalue'
+    >>> d.format, d.marker["budget"]
+    ('packed', None)
+    >>> with d.index_lock(timeout=30):
+    ...     d.update_marker(budget=500 * 10**9)
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import re
 import stat
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
+from fastload.cache.entryfiles import EntryFiles
 from fastload.cache.forks import after_fork
 from fastload.cache.safefs import (
     TEMP_PREFIX,
@@ -64,7 +66,7 @@ MARKER = "fastload-cache.json"
 MAGIC = "fastload cache directory"
 # NOTE [cache formats]: the marker's "format" says how small entries are kept. 1: one file
 # per entry (every directory made before the packed store); 2: packed into the LMDB store in
-# packed/ (fastload.cache.packed), objects of PACKED_MAX bytes and more still a file each.
+# packed/ (fastload.cache.packed), objects of FILE_MIN bytes and more still a file each.
 FORMATS = {1: "files", 2: "packed"}
 FORMAT_NUMBERS = {name: number for number, name in FORMATS.items()}
 FORMAT = 2  # what a new directory gets unless asked for another
@@ -72,15 +74,14 @@ PACKED = "packed"
 SUBDIRS = ("entries", "locks", "tmp")
 ROOT_FILES = (MARKER, "used", "stats.json", ".index.lock")
 OWN_NAMES = frozenset(SUBDIRS + ROOT_FILES + (PACKED,))
-ENTRY_NAME = re.compile(r"[0-9a-f]{32}")
-SUBDIR_NAME = re.compile(r"[0-9a-f]{2}")
 LOCK_NAME = re.compile(r"[0-9a-f]{3}\.lock")
 PACKED_FILES = ("data.mdb", "lock.mdb")  # LMDB's two files
 UNSYNCED = "unsynced-"  # NOTE [packed durability] in fastload/cache/packedsync.py
 PACKED_NAME = re.compile(r"data\.mdb|lock\.mdb|unsynced-[0-9a-f-]{36}-\d+")
 _SMALL_FILE = 1 << 16  # the marker, used, stats.json
+INDEX_TIMEOUT_S = 30.0  # how long the disk tier and its stores wait for the index lock
 
-__all__ = ["MARKER", "CacheDir", "Foreign", "Found", "LockTimeout"]
+__all__ = ["INDEX_TIMEOUT_S", "MARKER", "CacheDir", "Foreign", "Found", "LockTimeout"]
 
 
 class LockTimeout(CacheError):
@@ -98,13 +99,13 @@ class CacheDir:
         self.path = path
         self._new_format = FORMAT_NUMBERS[format or FORMATS[FORMAT]]
         self._fds: list[int] = []
-        self._subs: dict[str, int] = {}  # entries/<xx> descriptors, opened on first use
         # Descriptors close with the object, never at exit: a finalizer may still flush then.
         weakref.finalize(self, close_all, self._fds).atexit = False
         self._root = self._open_root(create)
         self.marker = self._marker(create)
         self._check_layout()
-        self._entries, self._locks, self._tmp = (self._subdir(name) for name in SUBDIRS)
+        entries, self._locks, self._tmp = (self._subdir(name) for name in SUBDIRS)
+        self.entries = EntryFiles(self.path / "entries", entries, self._tmp)
         self.format: str = FORMATS[self.marker["format"]]
         self.packed_fd: int | None = self._subdir(PACKED) if self.format == "packed" else None
         self._mutex = threading.Lock()
@@ -327,97 +328,7 @@ class CacheDir:
         finally:
             self._mutex.release()
 
-    # -- entries ---------------------------------------------------------------------------
-
-    def entry_path(self, name: str) -> Path:
-        """Where the entry file ``name`` (a 32-hex digest) lives, for messages."""
-        return self.path / "entries" / name[:2] / name
-
-    @contextlib.contextmanager
-    def _entry_dir(self, name: str, *, create: bool) -> Iterator[int | None]:
-        """The descriptor of ``entries/<xx>`` for entry ``name`` (None: missing, not created).
-
-        The 256 subdirectory descriptors stay open with the object: a cache read then costs
-        one open of the entry file, not three of its directories too. A store first checks
-        that its directory is still linked, in case someone removed it meanwhile.
-        """
-        sub = name[:2]
-        fd = self._subs.get(sub)
-        if fd is not None and create and os.fstat(fd).st_nlink == 0:
-            del self._subs[sub]  # removed under us: reopen (or recreate) it by name
-            with contextlib.suppress(ValueError):
-                self._fds.remove(fd)
-                os.close(fd)
-            fd = None
-        if fd is None:
-            where = self.path / "entries"
-            try:
-                fd = open_dir(self._entries, sub, where)
-            except FileNotFoundError:
-                if not create:
-                    yield None
-                    return
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(sub, dir_fd=self._entries)
-                fd = open_dir(self._entries, sub, where)
-            kept = self._subs.setdefault(sub, fd)  # another thread may have opened it too
-            if kept != fd:
-                os.close(fd)
-                fd = kept
-            else:
-                self._fds.append(fd)
-        yield fd
-
-    def open_entry(self, name: str) -> BinaryIO:
-        """The entry file ``name``, open for reading; FileNotFoundError, or Foreign if not a file."""
-        with self._entry_dir(name, create=False) as sub:
-            if sub is None:
-                raise FileNotFoundError(errno.ENOENT, "no such entry", str(self.entry_path(name)))
-            return os.fdopen(open_file(sub, name, os.O_RDONLY, self.entry_path(name).parent), "rb")
-
-    def entry_stat(self, name: str) -> os.stat_result | None:
-        """The entry file's lstat; None if missing, Foreign if not a regular file."""
-        with self._entry_dir(name, create=False) as sub:
-            if sub is None:
-                return None
-            try:
-                st = os.stat(name, dir_fd=sub, follow_symlinks=False)
-            except FileNotFoundError:
-                return None
-            if not stat.S_ISREG(st.st_mode):
-                raise Foreign(self.entry_path(name), describe(sub, name))
-            return st
-
-    def store_entry(self, name: str, parts: Iterable[bytes]) -> None:
-        """Write ``parts`` to a file in tmp/ and rename it to the entry ``name``."""
-        with self._entry_dir(name, create=True) as sub:
-            tmp = write_temp(self._tmp, parts)
-            try:
-                os.replace(tmp, name, src_dir_fd=self._tmp, dst_dir_fd=sub)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=self._tmp)
-                raise
-
-    def remove_entry(self, name: str) -> int | None:
-        """Delete the entry file ``name`` if it is a regular file; its size, None if missing."""
-        with self._entry_dir(name, create=False) as sub:
-            if sub is None:
-                return None
-            try:
-                st = os.stat(name, dir_fd=sub, follow_symlinks=False)
-                if not stat.S_ISREG(st.st_mode):
-                    raise Foreign(self.entry_path(name), describe(sub, name))
-                os.unlink(name, dir_fd=sub)  # unlink never follows a symlink
-            except FileNotFoundError:
-                return None
-            return st.st_size
-
-    def touch_entry(self, name: str) -> None:
-        """Mark the entry as read now (the LRU policy's clock)."""
-        with self._entry_dir(name, create=False) as sub:
-            if sub is not None:
-                os.utime(name, dir_fd=sub, follow_symlinks=False)
+    # -- tmp/ ------------------------------------------------------------------------------
 
     def remove_temp(self, name: str) -> None:
         """Delete tmp/``name`` if it is a regular file with fastload's temp prefix."""
@@ -427,27 +338,6 @@ class CacheDir:
                     os.unlink(name, dir_fd=self._tmp)
 
     # -- walking ---------------------------------------------------------------------------
-
-    def walk_entries(self) -> Iterator[Found]:
-        """Every name below entries/: entry files, and the foreign names with what they are."""
-        where = self.path / "entries"
-        for sub in listing(self._entries):
-            try:
-                if not SUBDIR_NAME.fullmatch(sub):
-                    raise Foreign(where / sub, f"{describe(self._entries, sub)} fastload did not make")
-                fd = open_dir(self._entries, sub, where)
-            except Foreign as exc:
-                yield Found(exc.path, sub, foreign=exc.why)
-                continue
-            except FileNotFoundError:
-                continue
-            try:
-                for name in listing(fd):
-                    found = classify(fd, name, where / sub, entry_name_of(sub))
-                    if found is not None:
-                        yield found
-            finally:
-                os.close(fd)
 
     def packed_path(self) -> Path:
         """Where the packed store lives (the LMDB environment's directory)."""
@@ -472,7 +362,3 @@ class CacheDir:
                 found = classify(self.packed_fd, name, self.path / PACKED, PACKED_NAME.fullmatch)
                 if found is not None and found.foreign:
                     yield found
-
-def entry_name_of(sub: str) -> Callable[[str], bool]:
-    """Whether a file name in entries/``sub``/ is an entry's: 32 hex digits starting with ``sub``."""
-    return lambda name: ENTRY_NAME.fullmatch(name) is not None and name.startswith(sub)

@@ -16,11 +16,12 @@ NOTE [disk tier across processes]
 * Writes are atomic: an entry is written to tmp/ and ``os.replace``d into place, so a reader
   sees a whole entry or none. Each read validates size and xxh64 (:mod:`.entry`); a corrupt or
   truncated entry (a crash, a bad disk) is deleted and reported as a miss.
-* Format "packed": a put is one LMDB write transaction that checks the budget and updates
-  ``used`` with the record; a get one read transaction (:mod:`.packed`). Format "files":
-  the byte budget is kept in ``used``, read and written under ``.index.lock`` together with
-  the entry's rename, so concurrent writers never overshoot it. ``fastload cache stats`` and
-  ``verify`` recount it from the files (:mod:`.maintenance`).
+* The entries live in the store of the directory's format (:mod:`.entrystore`). Format
+  "packed" (:mod:`.packedformat`): a put is one LMDB write transaction that checks the
+  budget and updates ``used`` with the record; a get one read transaction (:mod:`.packed`).
+  Format "files" (:mod:`.filestore`): the byte budget is kept in ``used``, read and written
+  under ``.index.lock`` together with the entry's rename, so concurrent writers never
+  overshoot it. ``fastload cache stats`` and ``verify`` recount it (:mod:`.maintenance`).
 * ``lock(key)`` is a file lock per key stripe: the cache holds it while it fetches a missing
   object, so processes on a node download each object once.
 * A full disk (ENOSPC, EDQUOT, EFBIG) or, under policy "keep", an exhausted budget makes the
@@ -48,29 +49,25 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from fastload.cache import entry, maintenance
-from fastload.cache.cachedir import CacheDir, Foreign, Found, LockTimeout
+from fastload.cache import maintenance
+from fastload.cache.cachedir import INDEX_TIMEOUT_S, CacheDir, Foreign, Found, LockTimeout
 from fastload.cache.config import DISK_FORMATS, POLICIES, DiskFormat, Policy, parse_size
 from fastload.cache.diskstats import StatsRecorder
+from fastload.cache.entrystore import Damaged, EntryStore, Status
+from fastload.cache.filestore import FileStore
 from fastload.cache.keys import digest
-from fastload.cache.packed import (
-    FILE_MIN,
-    IN_FILE,
-    PackedStore,
-    StoreFault,
-    accounted,
-    pointer,
-    record_key,
-)
+from fastload.cache.lmdbenv import StoreFault
+from fastload.cache.packedformat import PackedFormatStore
 from fastload.cache.tier import Tier, TierStats
 from fastload.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 LOCK_STRIPES = 4096
-INDEX_TIMEOUT_S = 30.0
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-_LRU_LOW_WATER = 0.9  # an LRU eviction frees down to 90% of the budget, so scans are rare
+
+__all__ = ["INDEX_TIMEOUT_S", "LOCK_STRIPES", "DiskTier"]
+
 
 class DiskTier(Tier):
     """Objects in files below ``directory``, at most ``size`` bytes, under ``policy``.
@@ -88,6 +85,7 @@ class DiskTier(Tier):
 
     Attributes:
         cache_dir: the opened directory (:class:`~fastload.cache.cachedir.CacheDir`).
+        store: its entries, in the store of its format (:mod:`.entrystore`).
         recorder: adds this process's counters to the directory's stats.json.
         budget: the byte budget in effect.
         budget_source: "disk_size" when some process gave one, else "default".
@@ -122,7 +120,9 @@ class DiskTier(Tier):
                 f"leave disk_format unset to use the directory as it is, or give a new directory "
                 f"for a cache of format {format!r}"
             )
-        self.packed = PackedStore(self.cache_dir, lru=policy == "lru") if self.format == "packed" else None
+        lru = policy == "lru"
+        self.store: EntryStore = (PackedFormatStore(self.cache_dir, lru=lru) if self.format == "packed"
+                                  else FileStore(self.cache_dir, lru=lru))
         if budget is not None:
             self._record_budget(budget)
         recorded = self.cache_dir.marker.get("budget")
@@ -154,72 +154,27 @@ class DiskTier(Tier):
 
     def path_of(self, key: str) -> Path:
         """The entry file of ``key`` (inside the directory whatever the key holds)."""
-        return self.cache_dir.entry_path(digest(key))
+        return self.cache_dir.entries.path_of(digest(key))
 
     # -- the Tier contract ----------------------------------------------------------------
 
     def get(self, key: str) -> bytes | None:
-        if self.packed is None:
-            return self._get_file(key)
-        d = entry.packed_digest(key)
         try:
-            value = self.packed.get(d, key)
-        except entry.KeyMismatch as other:
-            if entry.packed_digest(other.args[0]) == d:
-                return self._miss()  # a true xxh3-128 collision: another key's record
-            why = f"its header names key {other.args[0]!r}, not stored under this digest"
-        except entry.CorruptEntry as exc:
-            why = str(exc)
-        except OSError as exc:
-            self._warn_once("read", "disk cache %s cannot be read (%s); reading the origin", self.directory, exc)
-            return self._miss()
-        else:
-            if value is None:
-                return self._miss()
-            if value is IN_FILE:
-                return self._get_file(key)
-            self.stats.hits += 1
-            self.stats.bytes_read += len(value)  # type: ignore[arg-type]
-            self.recorder.maybe_flush()
-            return value  # type: ignore[return-value]
-        self.stats.corrupt += 1
-        logger.warning("dropping corrupt cache entry %s (%s) in %s; it is fetched again", key, why, self.cache_dir.packed_path())
-        self.delete(key)
-        return self._miss()
-
-    def _get_file(self, key: str) -> bytes | None:
-        name = digest(key)
-        try:
-            with self.cache_dir.open_entry(name) as f:
-                blob = f.read()
-        except FileNotFoundError:
+            value = self.store.read(key)
+        except Damaged as exc:
+            self.stats.corrupt += 1
+            logger.warning("dropping corrupt cache entry %s (%s) at %s; it is fetched again", key, exc.why, exc.where)
+            self.delete(key)
             return self._miss()
         except OSError as exc:  # Foreign too: a symlink is never read through
             self._warn_once("read", "disk cache %s cannot be read (%s); reading the origin", self.directory, exc)
             return self._miss()
-        try:
-            value = entry.decode(blob, expect_key=key)
-        except entry.KeyMismatch as other:
-            if digest(other.args[0]) == name:
-                return self._miss()  # a true xxh3-128 collision: another key's entry
-            why = f"its header names key {other.args[0]!r}, not stored under this name"
-        except entry.CorruptEntry as exc:
-            why = str(exc)
-        else:
-            if self.policy == "lru" and self.packed is None:
-                with contextlib.suppress(OSError):
-                    self.cache_dir.touch_entry(name)
-            self.stats.hits += 1
-            self.stats.bytes_read += len(value)
-            self.recorder.maybe_flush()
-            return value
-        self.stats.corrupt += 1
-        logger.warning("dropping corrupt cache entry %s (%s) at %s; it is fetched again", key, why, self.path_of(key))
-        if self.packed is not None:
-            self.delete(key)
-        else:
-            self.drop_entry(name)
-        return self._miss()
+        if value is None:
+            return self._miss()
+        self.stats.hits += 1
+        self.stats.bytes_read += len(value)
+        self.recorder.maybe_flush()
+        return value
 
     def _miss(self) -> None:
         self.stats.misses += 1
@@ -231,52 +186,40 @@ class DiskTier(Tier):
 
     def contains_many(self, keys: Sequence[str]) -> list[bool]:
         """:meth:`contains` of each key; format "packed": one read transaction for all."""
-        if self.packed is None:
-            return [self._file_complete(key) for key in keys]
         try:
-            found = self.packed.contains([entry.packed_digest(k) for k in keys])
+            return self.store.contains_many(keys)
         except OSError as exc:
             self._warn_once("read", "disk cache %s cannot be read (%s); reading the origin", self.directory, exc)
             return [False] * len(keys)
-        return [self._file_complete(k) if f is IN_FILE else bool(f) for k, f in zip(keys, found)]
-
-    def _file_complete(self, key: str) -> bool:
-        try:
-            with self.cache_dir.open_entry(digest(key)) as f:
-                header, start = entry.read_file_header(f)
-                return header["key"] == key and os.fstat(f.fileno()).st_size == start + header["size"]
-        except (OSError, entry.CorruptEntry):
-            return False
 
     def put(self, key: str, value: bytes) -> bool:
-        if self.packed is None:
-            return self._put_file(key, value)
         return self.put_many([(key, value)])[0]
 
     def put_many(self, items: Iterable[tuple[str, bytes]]) -> list[bool]:
         """Store many entries, each as :meth:`put`; format "packed": one write transaction for
         the objects below 1 MiB (larger ones: a file each, then their pointers)."""
         items = list(items)
-        if self.packed is None:
-            return [self._put_file(key, value) for key, value in items]
-        if self._passthrough:
-            self.stats.rejected += len(items)
-            return [False] * len(items)
-        small = [i for i, (_, v) in enumerate(items) if len(v) < FILE_MIN]
         results = [False] * len(items)
-        try:
-            records = [(entry.packed_digest(items[i][0]), entry.encode_packed(*items[i])) for i in small]
-            for i, status, (_, rec) in zip(small, self.packed.put_many(records, self.budget), records):
-                results[i] = self._admitted(status, len(items[i][1]), len(rec))
-            for i in sorted(set(range(len(items))) - set(small)):
-                results[i] = not self._passthrough and self._put_large(*items[i])
-        except OSError as exc:
-            self._fault(exc)
-            return results
+        for group in self.store.groups([len(value) for _, value in items]):
+            if self._passthrough:
+                self.stats.rejected += len(group)
+                continue
+            try:
+                stored = self.store.put_group([items[i] for i in group], self.budget)
+            except LockTimeout:
+                self._warn_once("lock", "disk cache %s: index lock busy for %ss; entry not stored",
+                                self.directory, INDEX_TIMEOUT_S)
+                self.stats.rejected += len(group)
+                continue
+            except OSError as exc:
+                self._fault(exc, len(group))
+                continue
+            for i, (status, n) in zip(group, stored):
+                results[i] = self._admitted(status, len(items[i][1]), n)
         self.recorder.maybe_flush()
         return results
 
-    def _admitted(self, status: str, value_bytes: int, n: int) -> bool:
+    def _admitted(self, status: Status, value_bytes: int, n: int) -> bool:
         if status == "stored":
             self.stats.puts += 1
             self.stats.bytes_written += value_bytes
@@ -288,67 +231,6 @@ class DiskTier(Tier):
         else:
             self.stats.rejected += 1
         return False
-
-    def _put_large(self, key: str, value: bytes) -> bool:
-        """A large object in packed format: its file first, then its pointer (budget, used)."""
-        assert self.packed is not None
-        name, d = digest(key), entry.packed_digest(key)
-        if self.packed.contains([d])[0] is IN_FILE and self._file_complete(key):
-            return True
-        header = entry.encode_header(key, value)
-        n = len(header) + len(value)
-        if n > self.budget:
-            self.stats.rejected += 1
-            return False
-        self.cache_dir.store_entry(name, (header, value))
-        status = self.packed.put_many([(d, pointer(key, n))], self.budget)[0]
-        if status in ("full", "oversized"):
-            self.cache_dir.remove_entry(name)  # the file this put wrote, never another's
-        return self._admitted(status, len(value), n)
-
-    def _put_file(self, key: str, value: bytes) -> bool:
-        if self._passthrough:
-            self.stats.rejected += 1
-            return False
-        header = entry.encode_header(key, value)
-        n = len(header) + len(value)
-        name = digest(key)
-        try:
-            with self.cache_dir.index_lock(INDEX_TIMEOUT_S):
-                if self.cache_dir.entry_stat(name) is not None:
-                    return True
-                used = self.read_used()
-                if used + n > self.budget and self.policy == "lru":
-                    used = self._evict(n)
-                if used + n > self.budget:
-                    self._exhausted(used, n)
-                    return False
-                self.cache_dir.store_entry(name, (header, value))
-                self.cache_dir.write_used(used + n)
-        except LockTimeout:
-            self._warn_once("lock", "disk cache %s: index lock busy for %ss; entry not stored", self.directory, INDEX_TIMEOUT_S)
-            self.stats.rejected += 1
-            return False
-        except OSError as exc:
-            self._fault(exc)
-            return False
-        self.stats.puts += 1
-        self.stats.bytes_written += len(value)
-        self.recorder.maybe_flush()
-        return True
-
-    def _evict(self, need: int) -> int:
-        """Delete least recently read entries (LRU) until ``need`` more bytes fit; new ``used``."""
-        files = sorted(self.entries(), key=lambda f: f.mtime)
-        used = sum(f.size for f in files)
-        target = min(self.budget - need, int(self.budget * _LRU_LOW_WATER))
-        for f in files:
-            if used <= target:
-                break
-            if self.misnamed(f.name) is None:
-                with contextlib.suppress(OSError):
-                    used -= self.cache_dir.remove_entry(f.name) or 0
-        return used
 
     def _exhausted(self, used: int, n: int) -> None:
         self.stats.rejected += 1
@@ -362,8 +244,8 @@ class DiskTier(Tier):
             self.directory, used, self.budget,
         )
 
-    def _fault(self, exc: OSError) -> None:
-        self.stats.rejected += 1
+    def _fault(self, exc: OSError, puts: int) -> None:
+        self.stats.rejected += puts
         if exc.errno in _FULL_ERRNOS or isinstance(exc, StoreFault):
             self._passthrough = True
             self._warn_once(
@@ -386,28 +268,13 @@ class DiskTier(Tier):
             logger.warning(msg, *args)
 
     def delete(self, key: str) -> None:
-        if self.packed is None:
-            self.drop_entry(digest(key))
-            return
         try:
-            rec = self.packed.delete(entry.packed_digest(key))
-            if rec is not None and rec[:4] == b"FLPF":
-                self.cache_dir.remove_entry(digest(key))
-        except OSError as exc:
+            self.store.drop(key)
+        except (OSError, LockTimeout) as exc:
             self._warn_once("drop", "disk cache %s: cannot delete %s (%s)", self.directory, key, exc)
 
     def keys(self) -> Iterator[str]:
-        if self.packed is not None:
-            for _, rec in self.packed.records():
-                with contextlib.suppress(entry.CorruptEntry):
-                    yield record_key(rec)
-            return
-        for f in self.entries():
-            try:
-                with self.cache_dir.open_entry(f.name) as fh:
-                    yield entry.read_file_header(fh)[0]["key"]
-            except (OSError, entry.CorruptEntry):
-                continue
+        return self.store.keys()
 
     def lock(self, key: str, timeout: float) -> contextlib.AbstractContextManager[bool]:
         """A cross-process lock on ``key``'s stripe (see :class:`~fastload.cache.tier.KeyLocking`)."""
@@ -426,51 +293,21 @@ class DiskTier(Tier):
 
     def close(self) -> None:
         self.recorder.flush()
-        if self.packed is not None:
-            try:
-                self.packed.flush()
-            except OSError as exc:
-                logger.debug("disk cache %s: could not flush the packed store: %s", self.directory, exc)
+        try:
+            self.store.flush()
+        except OSError as exc:
+            logger.debug("disk cache %s: could not flush its store: %s", self.directory, exc)
 
-    # -- what maintenance (fastload.cache.maintenance) uses ------------------------------
+    # -- what maintenance (fastload.cache.maintenance) and the tests use -----------------
 
     def entries(self) -> Iterator[Found]:
         """fastload's entries: format "files": its entry files; "packed": one per record
         (the large objects' pointers included), named by the digest's hex."""
-        if self.packed is not None:
-            where = self.cache_dir.packed_path() / "data.mdb"
-            return (Found(where, d.hex(), accounted(rec)) for d, rec in self.packed.records())
-        return (f for f in self.cache_dir.walk_entries() if f.foreign is None)
+        return self.store.entries()
 
     def read_used(self) -> int:
-        """Bytes of the entries (format "files": call under the index lock; recounted if the
-        counter is unreadable)."""
-        if self.packed is not None:
-            return self.packed.used()
-        used = self.cache_dir.read_used()
-        return used if used is not None else sum(f.size for f in self.entries())
-
-    def misnamed(self, name: str) -> str | None:
-        """Why the entry file ``name`` is not provably its key's (its header key digests to
-        another name); None when it is, or when its header is unreadable (a damaged entry)."""
-        try:
-            with self.cache_dir.open_entry(name) as f:
-                key = entry.read_file_header(f)[0]["key"]
-        except (OSError, entry.CorruptEntry):
-            return None
-        if isinstance(key, str) and digest(key) == name:
-            return None
-        return f"its header names key {key!r}, which is not stored under this file name"
-
-    def drop_entry(self, name: str) -> None:
-        """Delete the entry file ``name`` (a digest) and count its bytes out of ``used``."""
-        try:
-            with self.cache_dir.index_lock(INDEX_TIMEOUT_S):
-                size = self.cache_dir.remove_entry(name)
-                if size is not None:
-                    self.cache_dir.write_used(self.read_used() - size)
-        except (OSError, LockTimeout) as exc:
-            self._warn_once("drop", "disk cache %s: cannot delete %s (%s)", self.directory, name, exc)
+        """Bytes of the entries, as counted against the budget."""
+        return self.store.used()
 
     # -- the `fastload cache` commands (see fastload.cache.maintenance) -----------------
 
@@ -487,7 +324,7 @@ class DiskTier(Tier):
         return maintenance.clear(self)
 
     def summary(self) -> dict[str, Any]:
-        """Entries, bytes, budget and the counters recorded by every process (for ``cache stats``)."""
+        """Entries, bytes, budget, format and the counters recorded by every process (for ``cache stats``)."""
         return maintenance.summary(self)
 
     def recorded_stats(self) -> TierStats:

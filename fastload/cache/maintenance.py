@@ -1,9 +1,11 @@
 """What ``fastload cache stats|verify|clear`` do to a disk cache directory.
 
 Each function takes an open :class:`~fastload.cache.disk.DiskTier` and uses only its public
-methods, its :class:`~fastload.cache.cachedir.CacheDir` and, in format "packed", its
-:class:`~fastload.cache.packed.PackedStore` (records are checked as files are; ``clear``
-empties the store's records and keeps LMDB's files, which are fastload's). Nothing here deletes a file it
+methods, its :class:`~fastload.cache.cachedir.CacheDir` and its store: a
+:class:`~fastload.cache.filestore.FileStore` or, in format "packed", a
+:class:`~fastload.cache.packedformat.PackedFormatStore`, whose records (the LMDB
+:class:`~fastload.cache.packed.PackedStore`) are checked as files are; ``clear`` empties the
+store's records and keeps LMDB's files, which are fastload's. Nothing here deletes a file it
 cannot prove is fastload's (NOTE [a cache directory holds only fastload's files]): an entry
 is a regular file in ``entries/<xx>/`` named by a 32-hex digest starting with ``xx`` whose
 header, where readable, holds a key with that digest; a temporary file is a regular file in
@@ -23,18 +25,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastload.cache import entry
-from fastload.cache.cachedir import Foreign
+from fastload.cache.cachedir import Foreign, LockTimeout
 from fastload.cache.diskstats import STATS_FILE, load_stats
+from fastload.cache.filestore import FileStore, misnamed
 from fastload.cache.keys import digest
 from fastload.cache.packed import accounted, is_pointer, record_key
+from fastload.cache.packedformat import PackedFormatStore
 from fastload.cache.tier import TierStats
 
 if TYPE_CHECKING:
     from fastload.cache.disk import DiskTier
+
+logger = logging.getLogger(__name__)
 
 _LOCK_TIMEOUT_S = 30.0
 
@@ -65,29 +72,24 @@ class ClearReport:
 def rescan(tier: DiskTier) -> tuple[int, int]:
     """Recount entries and bytes (files, or the packed store's records) and store the count;
     (entries, bytes)."""
-    if tier.packed is not None:
-        return tier.packed.rescan()
-    with tier.cache_dir.index_lock(_LOCK_TIMEOUT_S):
-        sizes = [f.size for f in tier.entries()]
-        tier.cache_dir.write_used(sum(sizes))
-    return len(sizes), sum(sizes)
+    return tier.store.rescan()
 
 
 def verify(tier: DiskTier, *, drop: bool = False) -> CorruptReport:
     """Check every entry's header, size and checksum, and that its key digests to its file
     name; name the corrupt ones (deleted if ``drop``) and every foreign name (never deleted)."""
     report = CorruptReport()
-    cache_dir = tier.cache_dir
-    if tier.packed is not None:
-        _verify_packed(tier, report, drop=drop)
-    for found in cache_dir.walk_entries():
+    cache_dir, store = tier.cache_dir, tier.store
+    if isinstance(store, PackedFormatStore):
+        _verify_packed(store, report, drop=drop)
+    for found in cache_dir.entries.walk():
         if found.foreign is not None:
             report.foreign.append((str(found.path), found.foreign))
             continue
-        if tier.packed is not None:
+        if not isinstance(store, FileStore):
             continue  # a large object's file: checked through its pointer above
         try:
-            with cache_dir.open_entry(found.name) as f:
+            with cache_dir.entries.open(found.name) as f:
                 blob = f.read()
         except FileNotFoundError:
             continue  # deleted meanwhile by another process
@@ -106,17 +108,23 @@ def verify(tier: DiskTier, *, drop: bool = False) -> CorruptReport:
                 name = entry.read_header(blob)[0]["key"]
             report.corrupt.append((f"{name} ({found.path})", why))
             if drop:
-                tier.drop_entry(found.name)
+                _drop_file(store, found.name)
     report.foreign += [(str(f.path), f.foreign) for f in cache_dir.walk_others() if f.foreign]
     return report
 
 
-def _verify_packed(tier: DiskTier, report: CorruptReport, *, drop: bool) -> None:
+def _drop_file(store: FileStore, name: str) -> None:
+    try:
+        store.drop_entry(name)
+    except (OSError, LockTimeout) as exc:
+        logger.warning("disk cache %s: cannot delete %s (%s)", store.cache_dir.path, name, exc)
+
+
+def _verify_packed(store: PackedFormatStore, report: CorruptReport, *, drop: bool) -> None:
     """Check every record of the packed store (and the file of each large object's pointer)."""
-    assert tier.packed is not None
-    where = tier.cache_dir.packed_path() / "data.mdb"
+    where = store.records.path / "data.mdb"
     bad = []
-    for d, rec in tier.packed.records():
+    for d, rec in store.records.records():
         report.checked += 1
         report.bytes += accounted(rec)
         try:
@@ -127,7 +135,7 @@ def _verify_packed(tier: DiskTier, report: CorruptReport, *, drop: bool) -> None
         if entry.packed_digest(key) != d:
             why: str | None = "its header key does not digest to its record's name (an altered header); it would never be served"
         elif is_pointer(rec):
-            why = _file_problem(tier, key)
+            why = _file_problem(store, key)
         else:
             try:
                 entry.decode_packed(rec, expect_key=key)
@@ -139,39 +147,41 @@ def _verify_packed(tier: DiskTier, report: CorruptReport, *, drop: bool) -> None
     for d, name, why in bad:
         report.corrupt.append((name, why))
         if drop:
-            rec = tier.packed.delete(d)
+            rec = store.records.delete(d)
             if rec is not None and is_pointer(rec):
                 with contextlib.suppress(entry.CorruptEntry, OSError):
-                    tier.cache_dir.remove_entry(digest(record_key(rec)))
+                    store.files.remove(digest(record_key(rec)))
 
 
-def _file_problem(tier: DiskTier, key: str) -> str | None:
+def _file_problem(store: PackedFormatStore, key: str) -> str | None:
+    name = digest(key)
     try:
-        with tier.cache_dir.open_entry(digest(key)) as f:
+        with store.files.open(name) as f:
             blob = f.read()
     except OSError as exc:
-        return f"its file {tier.path_of(key)} is missing or unreadable: {exc}"
-    return _problem(blob, digest(key))
+        return f"its file {store.files.path_of(name)} is missing or unreadable: {exc}"
+    return _problem(blob, name)
 
 
 def clear(tier: DiskTier) -> ClearReport:
     """Delete every entry, stale temporary file and the recorded counters; leave the rest."""
     tier.recorder.flush()
     report = ClearReport()
-    cache_dir = tier.cache_dir
-    if tier.packed is not None:
-        report.entries, report.bytes, _ = tier.packed.clear()
+    cache_dir, store = tier.cache_dir, tier.store
+    packed = isinstance(store, PackedFormatStore)
+    if isinstance(store, PackedFormatStore):
+        report.entries, report.bytes, _ = store.records.clear()
     with cache_dir.index_lock(_LOCK_TIMEOUT_S):
         left = 0
-        for found in cache_dir.walk_entries():
-            why = found.foreign or tier.misnamed(found.name)
+        for found in cache_dir.entries.walk():
+            why = found.foreign or misnamed(cache_dir.entries, found.name)
             if why is None:
                 try:
-                    size = cache_dir.remove_entry(found.name)
+                    size = cache_dir.entries.remove(found.name)
                 except Foreign as exc:
                     why = exc.why
                 else:
-                    if tier.packed is None:  # packed: counted as the pointers they had
+                    if not packed:  # packed: counted as the pointers they had
                         report.entries += size is not None
                         report.bytes += size or 0
                     continue
@@ -184,7 +194,7 @@ def clear(tier: DiskTier) -> ClearReport:
             else:
                 report.foreign.append((str(found.path), found.foreign))
         cache_dir.remove_file(STATS_FILE)
-        if tier.packed is None:
+        if not packed:
             cache_dir.write_used(left)
     tier.recorder.reset()
     return report

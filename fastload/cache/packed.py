@@ -17,19 +17,11 @@ same header, magic ``FLPF``, no value. So this store is the one index of the dir
 * Policy "lru": reads are noted in memory (``time.time_ns()``) and written to the
   ``atimes`` database with the next put's transaction, or when 4096 are pending, or every
   5 s; so a get never costs a write transaction, and the order another process sees is off
-  by at most those 5 s of this process's reads (an eviction in this process sees them all). An eviction (in the put's transaction) reads
-  every atime and deletes the oldest records down to 90% of the budget.
-* One environment per process and directory: LMDB forbids opening the same files twice in
-  a process (closing one releases the other's POSIX locks; py-lmdb refuses it), so the
-  instances of a process share it (``_ENVS``) and never close it. A forked child must not
-  use its parent's, and py-lmdb lets it open its own only once the inherited one is
-  closed: the fork hook closes it in the child, which touches only the child's copies
-  (descriptors, maps) and the reader slots of transactions open at the fork. Ours are a
-  get's few microseconds, and what such a read returns is still checked by its xxh64. If
-  a thread of the parent was inside a write transaction at the fork (its mutex is held),
-  closing would wait for a thread that does not exist in the child: the environment is
-  then abandoned, the child cannot open the store and its disk tier is pass-through (one
-  warning); fork-started workers are made between epochs, when such a window is rare.
+  by at most those 5 s of this process's reads (an eviction in this process sees them all).
+  An eviction (in the put's transaction) reads every atime and deletes the oldest records
+  down to 90% of the budget.
+* One environment per process and directory, shared by the process's stores and opened
+  anew in a forked child (NOTE [one LMDB environment per process] in :mod:`.lmdbenv`).
 * Commits are not flushed; NOTE [packed durability] in :mod:`.packedsync` says what a
   crash can do and how the next process notices.
 
@@ -48,26 +40,17 @@ import errno
 import logging
 import os
 import struct
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import lmdb
 
 from fastload.cache import entry
 from fastload.cache.cachedir import CacheDir
-from fastload.cache.packedsync import (
-    SyncMarks,
-    check_marks,
-    clear_marks,
-    file_ids,
-    prepare_files,
-    remove_files,
-)
-from fastload.cache.safefs import Foreign
-from fastload.errors import CacheError
+from fastload.cache.entrystore import Status
+from fastload.cache.keys import digest
+from fastload.cache.lmdbenv import Env, StoreFault, open_env
 
 logger = logging.getLogger(__name__)
 
@@ -77,50 +60,15 @@ FILE_MAGIC = b"FLPF"
 LOW_WATER = 0.9
 ATIMES_PENDING = 4096
 ATIMES_EVERY_S = 5.0
-INDEX_TIMEOUT_S = 30.0
-_MAP_MIN, _MAP_MAX = 1 << 30, 1 << 46
 _USED = b"used"
 _NANOS = struct.Struct("<Q")
+T = TypeVar("T")
 
-Status = Literal["stored", "exists", "full", "oversized"]
+__all__ = ["FILE_MIN", "IN_FILE", "PackedStore", "Status", "StoreFault", "accounted", "is_pointer",
+           "pointer", "record_key"]
+
 IN_FILE = object()
 """What :meth:`PackedStore.get` returns for a large object: read its entry file."""
-
-
-class StoreFault(OSError):
-    """The packed store failed (LMDB's error is the cause); ENOSPC when its map is full."""
-
-
-@dataclass
-class _Env:
-    """One process's LMDB environment of one directory, shared by its PackedStores."""
-
-    env: lmdb.Environment
-    entries: object
-    atimes: object
-    meta: object
-    marks: SyncMarks
-    mutex: threading.Lock = field(default_factory=threading.Lock)
-
-
-_ENVS: dict[tuple[int, int], _Env] = {}
-_ABANDONED: list[object] = []  # never closed (see NOTE): a write was in flight at a fork
-
-
-def _close_after_fork() -> None:
-    """In a forked child: close the parent's environments (see NOTE [packed store])."""
-    for held in _ENVS.values():
-        if held.mutex.acquire(blocking=False):
-            try:
-                held.env.close()
-            except lmdb.Error as exc:
-                logger.debug("closing an inherited packed store failed: %s", exc)
-        else:
-            _ABANDONED.append(held)
-    _ENVS.clear()
-
-
-os.register_at_fork(after_in_child=_close_after_fork)
 
 
 def is_pointer(blob: bytes | memoryview) -> bool:
@@ -157,8 +105,6 @@ class PackedStore:
     """
 
     def __init__(self, cache_dir: CacheDir, *, lru: bool) -> None:
-        if cache_dir.packed_fd is None:
-            raise ValueError(f"{cache_dir.path} is not of format 'packed'")
         self.cache_dir = cache_dir
         self.lru = lru
         self.path = cache_dir.packed_path()
@@ -169,78 +115,31 @@ class PackedStore:
 
     # -- the environment -----------------------------------------------------------------
 
-    def _open(self, *, check: bool) -> _Env:
-        """This process's environment of the directory, opened if needed (see NOTE)."""
-        try:
-            return self._open_env(check=check)
-        except Foreign as exc:
-            raise CacheError(
-                f"cache directory {self.cache_dir.path}: {exc.path} is {exc.why}. fastload never "
-                f"follows or replaces a name it did not make there: remove {exc.path} or give "
-                "the cache a new directory"
-            ) from None
-
-    def _open_env(self, *, check: bool) -> _Env:
-        fd = self.cache_dir.packed_fd
-        assert fd is not None
-        crashed, dead = False, []
-        if check:
-            with self.cache_dir.index_lock(INDEX_TIMEOUT_S):
-                crashed, dead = check_marks(fd)
-                if crashed:
-                    logger.warning(
-                        "disk cache %s: the system went down while commits of its packed store "
-                        "were not on disk, so the store may be damaged; it is made anew and its "
-                        "objects are fetched again", self.cache_dir.path)
-                    remove_files(fd)
-                    clear_marks(fd)
-                ids = prepare_files(fd, self.path)
-                held = _ENVS.get(ids[0])
-                held = held if held is not None else self._new_env(fd, ids)
-        else:
-            ids = prepare_files(fd, self.path)
-            held = _ENVS.get(ids[0]) or self._new_env(fd, ids)
-        if dead:  # their commits are sound, only not flushed yet
-            held.env.sync(True)
-            clear_marks(fd, dead)
-        if crashed:
+    def _open(self, *, check: bool) -> Env:
+        """This process's environment (:func:`~fastload.cache.lmdbenv.open_env`); the large
+        objects' files indexed again when the store was made anew."""
+        held, remade = open_env(self.cache_dir, check=check)
+        if remade:
             self._reindex_files(held)
         self._pid = os.getpid()
         return held
 
-    def _new_env(self, fd: int, ids: list[tuple[int, int]]) -> _Env:
-        st = os.fstatvfs(fd)
-        map_size = min(max(st.f_blocks * st.f_frsize, _MAP_MIN), _MAP_MAX)
-        try:
-            env = lmdb.open(str(self.path), map_size=map_size, subdir=True, sync=False,
-                            metasync=False, readahead=False, max_dbs=3, max_readers=1024)
-        except lmdb.Error as exc:
-            raise StoreFault(errno.EIO, f"cannot open the packed store {self.path}: {exc}") from exc
-        if file_ids(fd) != ids:  # swapped while LMDB opened them by name: not ours to write
-            _ABANDONED.append(env)  # never closed: its locks may be shared (see NOTE)
-            raise Foreign(self.path, "changed while it was opened (a file swapped for another)")
-        held = _Env(env, env.open_db(b"entries"), env.open_db(b"atimes"), env.open_db(b"meta"),
-                    SyncMarks(fd, self.path))
-        _ENVS[ids[0]] = held
-        return held
-
-    def _held(self) -> _Env:
+    def _held(self) -> Env:
         if self._pid != os.getpid():  # a forked child: its own environment, no checks
             self._atimes.clear()
             self._env = self._open(check=False)
         return self._env
 
-    def _reindex_files(self, held: _Env) -> None:
+    def _reindex_files(self, held: Env) -> None:
         """Point to every large object's entry file (after the store was made anew)."""
-        from fastload.cache.keys import digest
-
+        files = self.cache_dir.entries
         with held.env.begin(write=True) as txn:
             used = 0
-            for found in self.cache_dir.walk_entries():
+            for found in files.walk():
                 if found.foreign is not None or found.size < FILE_MIN:
                     continue
                 try:
-                    with self.cache_dir.open_entry(found.name) as f:
+                    with files.open(found.name) as f:
                         key = entry.read_file_header(f)[0]["key"]
                 except (OSError, entry.CorruptEntry):
                     continue
@@ -299,34 +198,27 @@ class PackedStore:
 
     # -- writes ----------------------------------------------------------------------------
 
-    def _commit(self, write, *, flush: bool = False):
+    def _commit(self, write: Callable[[Env, lmdb.Transaction], T], *, flush: bool = False) -> T:
         """Run ``write(held, txn)`` in one write transaction with the pending atimes."""
         held = self._held()
-        with held.mutex:
-            try:
-                held.marks.before_commit()
-                with held.env.begin(write=True) as txn:
-                    if self._atimes:
-                        pending, self._atimes = self._atimes, {}
-                        for d, t in pending.items():
-                            if txn.get(d, db=held.entries) is not None:
-                                txn.put(d, _NANOS.pack(t), db=held.atimes)
-                    result = write(held, txn)
-                self._atimes_at = time.monotonic()
-                if flush or held.marks.due():
-                    held.env.sync(True)
-                    held.marks.flushed()
-            except lmdb.MapFullError as exc:
-                raise StoreFault(errno.ENOSPC, f"the packed store {self.path} is full: {exc}") from exc
-            except lmdb.Error as exc:
-                raise StoreFault(errno.EIO, f"cannot write the packed store {self.path}: {exc}") from exc
+
+        def with_atimes(txn: lmdb.Transaction) -> T:
+            if self._atimes:
+                pending, self._atimes = self._atimes, {}
+                for d, t in pending.items():
+                    if txn.get(d, db=held.entries) is not None:
+                        txn.put(d, _NANOS.pack(t), db=held.atimes)
+            return write(held, txn)
+
+        result = held.commit(with_atimes, flush=flush)
+        self._atimes_at = time.monotonic()
         return result
 
     def put_many(self, records: list[tuple[bytes, bytes]], budget: int) -> list[Status]:
         """Store (digest, record) pairs in one transaction, within ``budget`` bytes; a status
         each. Under policy "keep" the first record that does not fit ends the admissions."""
 
-        def write(held: _Env, txn: lmdb.Transaction) -> list[Status]:
+        def write(held: Env, txn: lmdb.Transaction) -> list[Status]:
             used = int(txn.get(_USED, db=held.meta) or 0)
             now = _NANOS.pack(time.time_ns())
             out: list[Status] = []
@@ -352,7 +244,7 @@ class PackedStore:
 
         return self._commit(write)
 
-    def _evict(self, held: _Env, txn: lmdb.Transaction, used: int, need: int, budget: int) -> int:
+    def _evict(self, held: Env, txn: lmdb.Transaction, used: int, need: int, budget: int) -> int:
         """Delete the least recently read records until ``need`` more bytes fit; new ``used``."""
         target = min(budget - need, int(budget * LOW_WATER))
         ages = sorted((_NANOS.unpack(t)[0], d) for d, t in txn.cursor(db=held.atimes))
@@ -369,17 +261,15 @@ class PackedStore:
         return used
 
     def _remove_file(self, key: str) -> None:
-        from fastload.cache.keys import digest
-
         try:
-            self.cache_dir.remove_entry(digest(key))
+            self.cache_dir.entries.remove(digest(key))
         except OSError as exc:
             logger.debug("disk cache %s: cannot delete the file of %s: %s", self.cache_dir.path, key, exc)
 
     def delete(self, d: bytes) -> bytes | None:
         """Delete the record under ``d``; the record (a pointer: its file is the caller's)."""
 
-        def write(held: _Env, txn: lmdb.Transaction) -> bytes | None:
+        def write(held: Env, txn: lmdb.Transaction) -> bytes | None:
             rec = txn.pop(d, db=held.entries)
             txn.delete(d, db=held.atimes)
             if rec is not None:
@@ -392,7 +282,7 @@ class PackedStore:
     def clear(self) -> tuple[int, int, list[str]]:
         """Delete every record: (records, their bytes, the keys of the pointed-to files)."""
 
-        def write(held: _Env, txn: lmdb.Transaction) -> tuple[int, int, list[str]]:
+        def write(held: Env, txn: lmdb.Transaction) -> tuple[int, int, list[str]]:
             n, size, files = 0, 0, []
             for _, rec in txn.cursor(db=held.entries):
                 n += 1
@@ -409,7 +299,7 @@ class PackedStore:
     def rescan(self) -> tuple[int, int]:
         """Recount records and bytes and store the count in ``used``; (records, bytes)."""
 
-        def write(held: _Env, txn: lmdb.Transaction) -> tuple[int, int]:
+        def write(held: Env, txn: lmdb.Transaction) -> tuple[int, int]:
             sizes = [accounted(rec) for _, rec in txn.cursor(db=held.entries)]
             txn.put(_USED, b"%d" % sum(sizes), db=held.meta)
             return len(sizes), sum(sizes)
@@ -421,7 +311,5 @@ class PackedStore:
         held = self._held()
         if self._atimes:
             self._commit(lambda held, txn: None, flush=True)
-        elif held.marks.marked:
-            with held.mutex:
-                held.env.sync(True)
-                held.marks.flushed()
+        else:
+            held.flush()
