@@ -2,19 +2,29 @@
 that goes down in the middle of a warm."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
-from fastload.cli import cli, main
 from fastload.cache import DiskTier
+from fastload.cli import cli, main
 from tests.cache_damage import damage
 from tests.fixtures.s3 import S3Server, upload_folder
 
 
 def _run(*args):
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def _script(*args):
+    """The installed console script, as a user runs it (a wide terminal: no wrapped cells)."""
+    fastload = str(Path(sys.executable).parent / "fastload")
+    return subprocess.run([fastload, *args], check=False, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "200"})
 
 
 def _s3_opts(server):
@@ -97,5 +107,24 @@ def test_a_missing_dataset_root_exits_2_naming_it(s3_server, tmp_path, capsys):
 
 def test_python_dash_m_fastload_cache(tmp_path):
     run = subprocess.run([sys.executable, "-m", "fastload", "cache", "verify", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+                         check=False, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "not a fastload cache directory" in run.stderr
+
+
+@pytest.mark.parametrize("fmt, description", [
+    ("packed", "LMDB, objects under 1 MiB; larger ones one file each"),
+    ("files", "one file per entry"),
+])
+def test_stats_names_the_directory_format(tmp_path, fmt, description):
+    tier = DiskTier(tmp_path / "c", format=fmt)
+    assert tier.put("small", b"x" * 10) and tier.put("large", b"y" * (2 << 20))
+    tier.close()
+    as_json = _script("cache", "stats", str(tmp_path / "c"), "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    summary = json.loads(as_json.stdout)
+    assert (summary["format"], summary["format_description"]) == (fmt, description)
+    assert summary["entries"] == 2
+    table = _script("cache", "stats", str(tmp_path / "c"))
+    assert table.returncode == 0, table.stderr
+    row = next(line for line in table.stdout.splitlines() if " format " in line)
+    assert f"{fmt} ({description})" in row and "format_description" not in table.stdout

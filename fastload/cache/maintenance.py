@@ -207,12 +207,15 @@ def recorded_stats(tier: DiskTier) -> TierStats:
 
 
 def summary(tier: DiskTier) -> dict[str, Any]:
-    """Entries, bytes, the budget in effect and where it comes from, and the recorded counters."""
+    """The directory's format ("packed" or "files", and what that means), entries, bytes, the
+    budget in effect and where it comes from, and the recorded counters."""
     entries, used = rescan(tier)
     recorded = recorded_stats(tier)
     lookups = recorded.hits + recorded.misses
     return {
         "directory": str(tier.directory),
+        "format": tier.format,
+        "format_description": tier.store.description,
         "entries": entries,
         "bytes": used,
         "budget": tier.budget,

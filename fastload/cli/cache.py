@@ -255,7 +255,8 @@ class _PlainProgress:
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the numbers as JSON.")
 def stats_command(directory: str, as_json: bool) -> None:
-    """Entries, bytes, budget, and the hits/misses recorded by the processes that used DIRECTORY."""
+    """Format, entries, bytes, budget, and the hits/misses recorded by the processes that used
+    DIRECTORY."""
     summary = DiskTier(directory, create=False).summary()
     if as_json:
         click.echo(json.dumps(summary, indent=2))
@@ -264,9 +265,11 @@ def stats_command(directory: str, as_json: bool) -> None:
     for name, value in summary.items():
         if name == "directory":
             continue
-        if name == "budget_source":
+        if name in ("budget_source", "format_description"):
             continue
-        if name == "budget":
+        if name == "format":
+            shown = f"{value} ({summary['format_description']})"
+        elif name == "budget":
             source = "set by disk_size" if summary["budget_source"] == "disk_size" else "default"
             shown = f"{_human(value)} ({value}, {source})"
         elif name in ("bytes", "bytes_read", "bytes_written"):
