@@ -129,7 +129,7 @@ class FileStore:
             if self.files.stat(name) is not None:
                 return "exists", n
             used = self.used()
-            if used + n > budget and self.lru:
+            if used + n > budget and self.lru and n <= budget:  # an oversized one evicts nothing
                 used = self._evict(n, budget)
             if used + n > budget:
                 return ("oversized" if n > budget else "full"), n
