@@ -1,10 +1,10 @@
 """What a crash can do to the packed store, and how a process notices it.
 
 NOTE [packed durability]
-The packed store (:mod:`.packed`) commits without flushing (LMDB ``sync=False,
-metasync=False``): a flush costs an fdatasync per commit, 25x fewer single puts per second
-on the development VM (``benchmarks/cache_store.py``: 2,081/s against 53,311/s at 1 KB),
-and the store is a cache. What each fault does:
+The packed store (:mod:`.packed`, its environment in :mod:`.lmdbenv`) commits without
+flushing (LMDB ``sync=False, metasync=False``): a flush costs an fdatasync per commit, 25x
+fewer single puts per second on the development VM (``benchmarks/cache_store.py``: 2,081/s
+against 53,311/s at 1 KB), and the store is a cache. What each fault does:
 
 * A process killed (SIGKILL, OOM, a crash in a worker) loses nothing committed: LMDB
   writes into the page cache and writes the meta page last, so a commit the process did not
@@ -146,7 +146,7 @@ class SyncMarks:
 
     def __init__(self, packed_fd: int, where: Path) -> None:
         # Its own descriptor: the mark lives as long as the shared environment, which
-        # outlives the CacheDir that opened it (NOTE [packed store]).
+        # outlives the CacheDir that opened it (NOTE [one LMDB environment per process]).
         self.packed_fd = os.dup(packed_fd)
         self.where = where
         self.name = f"{UNSYNCED}{boot_id()}-{os.getpid()}"
