@@ -306,7 +306,7 @@ def test_stats_shows_the_budget_the_loader_used(tmp_path, jpeg_root, capsys):
     ds.cache.close()
     summary = json.loads(run("stats", home, "--json")[1])
     assert summary["budget"] == 3_000_000 and summary["budget_source"] == "disk_size"
-    assert summary["entries"] == 1
+    assert summary["entries"] == 2  # the image and the stored listing (docs/cache.md)
     code, out, _ = run("stats", home)
     assert code == 0 and "3000000, set by disk_size" in out
     assert DiskTier(home).budget == 3_000_000  # later opens without disk_size keep it
