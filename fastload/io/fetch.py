@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import logging
@@ -79,11 +80,12 @@ class Fetched:
 # reader threads on a sync one.
 
 
-class Fetcher:
+class Fetcher(abc.ABC):
     """Reads submitted paths concurrently; results come back in the order they finish.
 
     Use :func:`open_fetcher`; as a context manager it is closed at the end (requests still
-    in flight are cancelled and reader threads stopped).
+    in flight are cancelled and reader threads stopped). A subclass writes :meth:`submit`
+    and :meth:`cancel_queued` and hands each finished read to ``_finished``.
     """
 
     def __init__(self, fs: Any, jobs: int) -> None:
@@ -97,13 +99,13 @@ class Fetcher:
         """How many paths to keep submitted and uncollected for the reads to keep going."""
         return self.jobs
 
+    @abc.abstractmethod
     def submit(self, paths: Sequence[str]) -> None:
         """Start reading ``paths`` (at most ``jobs`` at a time); returns at once."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def cancel_queued(self) -> list[str]:
         """Drop the submitted paths no read has started on, and return them."""
-        raise NotImplementedError
 
     def results(self, timeout: float | None = None) -> list[Fetched]:
         """Every read finished since the last call; waits up to ``timeout`` s for one."""
