@@ -79,6 +79,7 @@ def test_replace_versions_is_seen_by_every_holder_and_keeps_the_sample_set():
     assert index.listed_at == listed and index.versions_at == listed + 5
     assert index.path(2) == "/data/train/dog/1.jpg" and index.generation == 1
     assert clone.versions() == ["10:1:2:3", "20:1", None]  # a pickled copy is its own
+    assert not index.same_versions(clone) and clone.same_versions(pickle.loads(pickle.dumps(clone)))
 
 
 def test_a_pickled_index_is_one_blob():

@@ -232,6 +232,15 @@ class DatasetIndex:
         """Every sample's version, in order (a list: for comparing, not for keeping)."""
         return [self.version(i) for i in range(len(self))]
 
+    def same_versions(self, other: DatasetIndex) -> bool:
+        """Whether ``other`` has the same versions for the same samples (arrays compared)."""
+        a, b = self._state.cols, other._state.cols
+        return (
+            np.array_equal(a.path_offsets, b.path_offsets) and np.array_equal(a.path_data, b.path_data)
+            and np.array_equal(a.version_offsets, b.version_offsets)
+            and np.array_equal(a.version_data, b.version_data)
+        )
+
     # -- changes ---------------------------------------------------------------------------
 
     def replace_versions(self, versions: Sequence[str | None], *, at: float | None = None) -> None:

@@ -53,6 +53,12 @@ DEFAULT_MAX_AGE_S = 3600.0
 
 _CLOCK_SKEW_S = 300.0  # a listing "from the future" by more than this is not trusted
 
+LISTING_LOCK_TIMEOUT_S = 900.0
+"""Seconds a start waits for another process's listing (at least the cache's lock_timeout).
+
+Waiting costs no more than listing itself (1.28M S3 keys take minutes), and a holder that
+dies releases its file lock at once, so the wait is long; past it, this process lists too."""
+
 
 KEY_PREFIX = "fastload-listing:"
 """What the key of every stored listing starts with (no object's key does: those are URLs)."""
@@ -100,7 +106,7 @@ class StoredListing:
         self.tiers: list[Tier] = [t for t in cache.tiers if t.shared]
         lockers = [t for t in self.tiers if isinstance(t, KeyLocking)]
         self._locker: KeyLocking | None = lockers[-1] if lockers else None
-        self.lock_timeout = cache.config.lock_timeout
+        self.lock_timeout = max(cache.config.lock_timeout, LISTING_LOCK_TIMEOUT_S)
 
     @property
     def available(self) -> bool:
@@ -166,8 +172,8 @@ class StoredListing:
     def lock(self) -> Iterator[bool]:
         """Hold the entry's cross-process lock (True), or go on without one (False).
 
-        Without a tier that locks, or when the lock is not had within the cache's
-        ``lock_timeout`` seconds (a listing that slow), it yields False.
+        Without a tier that locks, or when the lock is not had within
+        :data:`LISTING_LOCK_TIMEOUT_S` seconds (a listing that slow), it yields False.
         """
         if self._locker is None:
             yield False
@@ -231,4 +237,6 @@ def store_versions(stored: StoredListing, index: DatasetIndex) -> None:
         if there is not None and there.listed_at != index.listed_at:
             logger.debug("%s: the stored listing is another listing's now; not rewriting it", stored.url)
             return
+        if there is not None and there.same_versions(index):
+            return  # another rank's revalidation stored the same versions already
         stored.save(index)
