@@ -13,7 +13,7 @@ Each cell is the median of --repeats warms of the whole folder into a fresh cach
 (``fastload.cache.warm.warm``, the library call under the command), and a resume pass (a
 second warm of the now full cache: every object found cached, nothing read). Prints a table.
 
-    python benchmarks/cache_warm.py                          # 2,000 objects, all sources
+    python benchmarks/cache_warm.py                          # 1,000 objects, all sources
     python benchmarks/cache_warm.py --n 10000 --jobs 1,8,32,128 --sources local,latency
     python benchmarks/cache_warm.py --sources moto --jobs 8,32,128 --repeats 3
 """
@@ -123,7 +123,7 @@ def one_warm(url: str, options: dict, jobs: int, scratch: Path) -> tuple[float, 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=2000, help="objects (default 2,000)")
+    parser.add_argument("--n", type=int, default=1000, help="objects (default 1,000)")
     parser.add_argument("--size", type=int, default=1024, help="bytes per object (default 1 KB)")
     parser.add_argument("--jobs", default="1,8,32,128", help="comma-separated --jobs values")
     parser.add_argument("--sources", default="local,latency,moto,moto+latency")

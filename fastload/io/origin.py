@@ -223,7 +223,10 @@ async def _within(coro: Any, seconds: float) -> Any:
 
     timer = asyncio.get_running_loop().call_later(max(seconds, 0.0), expire)
     try:
-        return await coro
+        result = await coro
+        if expired and hasattr(task, "uncancel"):
+            task.uncancel()  # the client swallowed our cancellation and answered anyway
+        return result
     except asyncio.CancelledError:
         if not expired:
             raise  # cancelled from outside: so is this read
