@@ -73,10 +73,10 @@ def test_decode_bound_within_the_cores_asks_for_the_computed_number_of_workers()
 
 
 def test_decode_bound_beyond_the_cores_uses_dali_on_a_gpu_and_all_cores_without():
-    common = dict(
-        share=0.8, wait_s=0.080, step_s=0.100, copy_s=None,
-        work=WorkerWork(fetch_s=0.001, decode_s=0.400, collate_s=0.001), num_workers=4, cores=8,
-    )
+    common = {
+        "share": 0.8, "wait_s": 0.080, "step_s": 0.100, "copy_s": None,
+        "work": WorkerWork(fetch_s=0.001, decode_s=0.400, collate_s=0.001), "num_workers": 4, "cores": 8,
+    }
     assert 'backend="dali"' in diagnose(**common, gpus=1).fix
     no_gpu = diagnose(**common, gpus=0)
     assert no_gpu.bottleneck == "decode/transform"
@@ -437,3 +437,44 @@ def test_batches_of_torchs_batch_sampler_count_as_batch_size_and_the_short_last_
     for _ in left:
         break
     assert left.meter.summary().samples == 4
+
+
+def test_the_loaders_own_iterator_records_what_measure_records():
+    # NOTE [the meter inside the loader's iterator]: a plain loader's iterator writes the
+    # meter's records itself; the same batches through measure() give the same records.
+    from fastload.loader.iterator import LoaderIterator
+
+    data = TensorDataset(torch.arange(10))
+    loader = DataLoader(data, batch_size=4)
+    it = iter(loader)
+    assert isinstance(it, LoaderIterator) and type(it).__name__ == "_MeteredPlain"
+    mid = [next(it), next(it)]
+    assert [r["samples"] for r in loader.meter.records()] == [4, 4]  # read mid-pass
+    rest = list(it)
+    got = [b[0].tolist() for b in mid + rest] + [b[0].tolist() for b in loader]
+    wrapped = measure(torch.utils.data.DataLoader(data, batch_size=4))
+    assert got == [b[0].tolist() for _ in range(2) for b in wrapped]
+    mine, theirs = loader.meter.summary(), wrapped.meter.summary()
+    assert (mine.batches, mine.samples, mine.passes) == (theirs.batches, theirs.samples, theirs.passes) == (6, 20, 2)
+    assert [r["samples"] for r in loader.meter.records()] == [4, 4, 2] * 2
+    assert all(r["wait_s"] >= 0 for r in loader.meter.records())
+    assert loader.state_dict()["batches"] == 0 and loader.state.progress.done
+
+
+def test_reset_mid_pass_of_the_loaders_iterator_opens_a_new_pass():
+    loader = DataLoader(TensorDataset(torch.arange(24)), batch_size=4)
+    it = iter(loader)
+    next(it), next(it)
+    loader.meter.reset()
+    assert len(list(it)) == 4
+    s = loader.meter.summary()
+    assert (s.batches, s.samples, s.passes) == (4, 16, 1)
+    assert loader.state.progress.batches == 6
+
+
+def test_meter_off_loader_iterator_counts_for_resume_only():
+    loader = DataLoader(TensorDataset(torch.arange(10)), batch_size=4, meter=False)
+    it = iter(loader)
+    next(it)
+    assert loader.meter is None and loader.state_dict()["batches"] == 1
+    assert len(list(it)) == 2 and loader.state.progress.done

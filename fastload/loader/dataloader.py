@@ -42,7 +42,7 @@ from fastload.engines.probe import ProbeEngine
 from fastload.engines.threads import ThreadEngine
 from fastload.errors import ConfigError
 from fastload.loader import autotune, first_epoch, resume
-from fastload.loader.iterator import LoaderIterator
+from fastload.loader.iterator import epoch_iterator
 from fastload.loader.state import LoaderState
 from fastload.meter import StarvationMeter
 from fastload.settings import AUTO, LoaderSettings, resolve_settings
@@ -239,7 +239,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             progress.reused = plan.warm is not None
         state.iterations += 1
         state.progress = progress
-        return LoaderIterator(self, inner, progress, first, declared=self._declared, feeder=self._feeder)
+        return epoch_iterator(self, inner, progress, first, declared=self._declared, feeder=self._feeder)
 
     def _revalidate(self) -> None:
         """Before a later epoch: re-read a cached dataset's versions (NOTE [consistency]).

@@ -1,8 +1,20 @@
 """The meter's per-batch hot path: :class:`MeteredIterator`, and counting a batch's samples.
 
 Everything here runs once per batch, between torch's ``next()`` and the training loop, so it
-does as little as it can: two ``perf_counter`` calls, three appends to float arrays and a
-sample count that follows a remembered path into the batch (NOTE [fast sample count]).
+does as little as it can: two ``perf_counter`` calls, two appends to float arrays and a
+sample count that follows a remembered path into the batch (NOTE [fast sample count]), or
+none at all when every batch holds the same count (NOTE [samples from the batch sampler] in
+:mod:`.recorder`: the column is filled when read).
+
+NOTE [the meter inside the loader's iterator]
+Each layer between the training loop and torch's iterator costs a Python call per batch, and
+inside a real loader (caches cold after torch's own per-batch work) each step of the meter
+costs about as much again as over ready batches. So fastload's own loader iterator
+(:class:`fastload.loader.iterator.LoaderIterator`) does not wrap torch's iterator in a
+:class:`MeteredIterator` in the common case; it writes the same records from its own
+``__next__`` through an :class:`InlinePass` (:meth:`StarvationMeter.track_inline`): the same
+two timestamps, in the same columns, and the same pass opened at the first batch and closed
+at ``StopIteration``.
 """
 
 from __future__ import annotations
@@ -82,13 +94,23 @@ class MeteredIterator(Iterator[Any]):
     unless a copy split, CUDA events or periodic logging are on.
     """
 
-    __slots__ = ("_meter", "_next", "_probe", "_extra", "_fixed", "_get", "_kind",
-                 "_add_start", "_add_end", "_add_samples")
+    __slots__ = (
+        "_add_end",
+        "_add_samples",
+        "_add_start",
+        "_extra",
+        "_fixed",
+        "_get",
+        "_kind",
+        "_meter",
+        "_next",
+        "_probe",
+    )
 
     def __init__(self, meter: StarvationMeter, iterator: Iterator[Any]) -> None:
         self._meter = meter
         self._next = iterator.__next__
-        meter._open = False  # a new pass: its first batch opens it
+        meter.in_pass = False  # a new pass: its first batch opens it
         meter._fresh = True
         self._probe = meter._probe
         self._extra = meter.copy_split or meter._probe is not None or meter.log_every is not None
@@ -112,11 +134,11 @@ class MeteredIterator(Iterator[Any]):
         except StopIteration:
             if probe is not None:
                 probe.cancel()
-            if self._meter._open:
+            if self._meter.in_pass:
                 self._meter._close_pass(t0)
             raise
         t1 = _perf()
-        if not self._meter._open:
+        if not self._meter.in_pass:
             self._meter._open_pass()
         self._add_start(t0)
         self._add_end(t1)
@@ -148,7 +170,8 @@ class CountedMeteredIterator(MeteredIterator):
 
     The same records as :class:`MeteredIterator` with the fewest steps per batch: inside a
     real loader each step costs about a microsecond (caches are cold after torch's own
-    per-batch work), so the checks that cannot apply are left out, not skipped.
+    per-batch work), so the checks that cannot apply are left out, not skipped, and the
+    sample count is not written per batch (the meter fills it in when read).
     """
 
     __slots__ = ()
@@ -158,21 +181,62 @@ class CountedMeteredIterator(MeteredIterator):
         try:
             batch = self._next()
         except StopIteration:
-            if self._meter._open:
+            if self._meter.in_pass:
                 self._meter._close_pass(t0)
             raise
         t1 = _perf()
-        if not self._meter._open:
-            self._meter._open_pass()
+        if not self._meter.in_pass:
+            self._meter._open_pass(counted=True)
         self._add_start(t0)
         self._add_end(t1)
-        self._add_samples(self._fixed)
         return batch
+
+
+def counted(meter: StarvationMeter) -> bool:
+    """Whether a pass of ``meter`` takes the shortest hot path: a fixed count per batch, and
+    no CUDA events, copy split or periodic log to feed."""
+    return bool(meter.batch_size) and meter._probe is None and not (
+        meter.copy_split or meter.log_every is not None
+    )
 
 
 def metered(meter: StarvationMeter, iterator: Iterator[Any]) -> MeteredIterator:
     """The meter's iterator over ``iterator``: the short hot path where it applies."""
     it = MeteredIterator(meter, iterator)
-    if it._fixed and it._probe is None and not it._extra:
+    if counted(meter):
         it.__class__ = CountedMeteredIterator
     return it
+
+
+class InlinePass:
+    """One pass of a meter recorded by an iterator that times its own ``next()`` calls.
+
+    NOTE [the meter inside the loader's iterator]: for the counted case only (:func:`counted`;
+    :meth:`StarvationMeter.track_inline` returns None otherwise). Per batch, the iterator
+    records ``t0 = perf_counter()`` before its ``next()`` and ``t1`` after, then: if not
+    ``meter.in_pass``, :meth:`open`; then ``add_start(t0)`` and ``add_end(t1)``. At
+    ``StopIteration``: :meth:`close` with its ``t0``.
+
+    Attributes:
+        meter: the :class:`~fastload.meter.StarvationMeter` recorded into.
+        add_start: appends a batch's ``t0`` (the meter's column, bound once per pass).
+        add_end: appends a batch's ``t1``.
+    """
+
+    __slots__ = ("add_end", "add_start", "meter")
+
+    def __init__(self, meter: StarvationMeter) -> None:
+        self.meter = meter
+        meter.in_pass = False  # a new pass: its first batch opens it
+        meter._fresh = True
+        self.add_start = meter._start.append
+        self.add_end = meter._end.append
+
+    def open(self) -> None:
+        """Open the pass, at its first batch (before that batch's records)."""
+        self.meter._open_pass(counted=True)
+
+    def close(self, t: float) -> None:
+        """End the pass at ``t``, the ``perf_counter`` of the ``next()`` that raised StopIteration."""
+        if self.meter.in_pass:
+            self.meter._close_pass(t)

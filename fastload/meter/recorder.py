@@ -49,7 +49,7 @@ from fastload.errors import ConfigError
 from fastload.meter.analysis import Recording, batch_records, summarize
 from fastload.meter.cuda import CudaIdleProbe
 from fastload.meter.export import as_summary_writer, write_json, write_plot, write_tensorboard
-from fastload.meter.hotpath import MeteredIterator, metered
+from fastload.meter.hotpath import InlinePass, MeteredIterator, counted, metered
 from fastload.meter.periodic import report_window
 from fastload.meter.report import Summary, WorkerStats
 from fastload.meter.workers import (
@@ -152,7 +152,9 @@ class StarvationMeter:
         self._fresh = False  # the next pass opens at the first batch of its iterator
         self._pass_first: list[int] = []  # batch index of each pass's first batch
         self._pass_end: list[float] = []  # perf_counter of the next() that ended it, or nan
-        self._open = False  # a pass has delivered its first batch and not ended
+        self.in_pass = False
+        """A pass has delivered its first batch and not ended (read by the hot path)."""
+        self._pending = 0  # samples of each batch not yet in _samples (a counted pass)
         self._upstream = 0.0
         self.copy_split = getattr(self, "copy_split", False)
         self._probe: CudaIdleProbe | None = None
@@ -169,6 +171,16 @@ class StarvationMeter:
         if self._probe is None and self._use_gpu():
             self._probe = CudaIdleProbe()
         return metered(self, iterator)
+
+    def track_inline(self) -> InlinePass | None:
+        """Start a pass recorded by the caller's own ``__next__``, where the counted hot path
+        applies; None where it does not (then use :meth:`track`).
+
+        NOTE [the meter inside the loader's iterator] in :mod:`.hotpath`.
+        """
+        if self._probe is None and self._use_gpu():
+            self._probe = CudaIdleProbe()
+        return InlinePass(self) if counted(self) else None
 
     def _use_gpu(self) -> bool:
         if self.gpu is False:
@@ -202,10 +214,14 @@ class StarvationMeter:
             self._log_at += self.log_every or 0
             self._report_period()
 
-    def _open_pass(self) -> None:
+    def _open_pass(self, counted: bool = False) -> None:
+        """A pass's first batch is being delivered; ``counted``: its batches' sample counts
+        are not appended but filled in when read (each ``batch_size``)."""
+        self._fill_samples()
+        self._pending = (self.batch_size or 0) if counted else 0
         self._pass_first.append(len(self._end))
         self._pass_end.append(math.nan)
-        self._open = True
+        self.in_pass = True
         if self.workers is not None:  # once per pass: a few shared doubles
             # A pass opened after reset() mid-iterator does not start at the epoch's batch 0.
             self._wpass.append([self.workers.totals(), None, self._fresh])
@@ -240,14 +256,22 @@ class StarvationMeter:
             self._pass_length = lambda: len(inner) % size
         self.batch_size = size
 
+    def _fill_samples(self) -> None:
+        """Write the sample counts of a counted pass's batches (NOTE [samples from the batch
+        sampler]): each of them holds ``batch_size`` samples, the last corrected at its end."""
+        gap = len(self._end) - len(self._samples)
+        if gap > 0 and self._pending:
+            self._samples.extend(array("q", (self._pending,)) * gap)
+
     def _close_pass(self, t: float) -> None:
+        self._fill_samples()
         self._pass_end[-1] = t
-        self._open = False
+        self.in_pass = False
         self._upstream = 0.0
         if self._pass_length is not None and len(self._end) > self._pass_first[-1]:
             try:
                 short = self._pass_length()
-            except Exception:  # a sampler whose length went away: never replace StopIteration
+            except Exception:  # noqa: BLE001 - a sampler whose length went away: never replace StopIteration
                 short = 0
             if short:  # NOTE [samples from the batch sampler]
                 self._samples[-1] = short
@@ -301,6 +325,7 @@ class StarvationMeter:
             >>> rec.end[-1] - rec.start[-1]   # the last batch's wait, seconds
             0.0021
         """
+        self._fill_samples()
         if self.workers is not None:
             self._harvest()
         return Recording(

@@ -160,14 +160,20 @@ class Summary:
         if self.batches == 0:
             return "fastload starvation meter: no batches measured yet"
         lines = [
-            f"fastload starvation meter: {self.batches} batches in {self.passes} pass(es), "
-            f"{self.samples} samples, {self.samples_per_s:.1f} samples/s",
+            (
+                f"fastload starvation meter: {self.batches} batches in {self.passes} pass(es), "
+                f"{self.samples} samples, {self.samples_per_s:.1f} samples/s"
+            ),
             f"  measured:   {self.measured_by}",
             f"  steady state ({self.steady_batches} batches, first batch of each pass apart):",
-            f"  step        {_ms(self.step_mean_s)} mean = loop {_ms(self.compute_mean_s)} "
-            f"+ waiting {_ms(self.step_mean_s - self.compute_mean_s)}",
-            f"  wait        p50 {_ms(self.wait_p50_s)}  p95 {_ms(self.wait_p95_s)}  "
-            f"max {_ms(self.wait_max_s)}  = {self.wait_share:.1%} of step time",
+            (
+                f"  step        {_ms(self.step_mean_s)} mean = loop {_ms(self.compute_mean_s)} "
+                f"+ waiting {_ms(self.step_mean_s - self.compute_mean_s)}"
+            ),
+            (
+                f"  wait        p50 {_ms(self.wait_p50_s)}  p95 {_ms(self.wait_p95_s)}  "
+                f"max {_ms(self.wait_max_s)}  = {self.wait_share:.1%} of step time"
+            ),
         ]
         if self.gpu_idle_share is not None and self.gpu_idle_p50_s is not None:
             lines.append(
