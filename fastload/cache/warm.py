@@ -178,10 +178,13 @@ def _warm(
     if on_start is not None:
         on_start(report.files, report.bytes)
     last: BaseException | None = None
+    local = storage.protocol == "file"  # plain paths in the report, as Storage.to_url names them
 
-    def finished(path: str, info: dict[str, Any], outcome: str, error: FastloadError | None) -> None:
+    def finished(
+        path: str, url: str, info: dict[str, Any], outcome: str, error: FastloadError | None
+    ) -> None:
         nonlocal last
-        file_url = storage.to_url(path)
+        file_url = path if local else url
         if outcome == "fetched":
             report.fetched += 1
         elif outcome == "hit":

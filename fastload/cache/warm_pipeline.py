@@ -54,9 +54,10 @@ FLUSH_AFTER_S = 0.2
 WINDOW_BYTES = 256 * 2**20
 """Most bytes (listed sizes) between request and store; one larger object still goes."""
 
-Finished = Callable[[str, dict[str, Any], str, "FastloadError | None"], None]
-"""Called with (path, listing info, outcome, error) as each object is done; outcome is
-"hit", "fetched", "rejected" or "failed" (then with the error)."""
+Finished = Callable[[str, str, dict[str, Any], str, "FastloadError | None"], None]
+"""Called with (path, URL, listing info, outcome, error) as each object is done; the URL is
+``fs.unstrip_protocol(path)``; outcome is "hit", "fetched", "rejected" or "failed" (then
+with the error)."""
 
 
 # NOTE [warm circuit breaker]
@@ -226,7 +227,7 @@ class _Run:
                 if gone:
                     self.ready.append((path, url, info))
                 else:
-                    self.finished(path, info, "hit", None)
+                    self.finished(path, url, info, "hit", None)
         return True
 
     def _collect(self, got: list[Fetched]) -> None:
@@ -268,10 +269,10 @@ class _Run:
             self._done(path, outcome, None)
 
     def _done(self, path: str, outcome: str, error: FastloadError | None) -> None:
-        info = self._forget(path)
-        self.finished(path, info, outcome, error)
+        url, info = self._forget(path)
+        self.finished(path, url, info, outcome, error)
 
-    def _forget(self, path: str) -> dict[str, Any]:
-        _, info = self.pending.pop(path)
+    def _forget(self, path: str) -> tuple[str, dict[str, Any]]:
+        url, info = self.pending.pop(path)
         self.pending_bytes -= int(info.get("size") or 0)
-        return info
+        return url, info

@@ -124,6 +124,11 @@ class Fetcher(abc.ABC):
             self._done.append(item)
             self._ready.notify()
 
+    def _finished_all(self, items: list[Fetched]) -> None:
+        with self._ready:
+            self._done.extend(items)
+            self._ready.notify()
+
     def __enter__(self) -> Self:
         return self
 
@@ -249,8 +254,11 @@ class ThreadFetcher(Fetcher):
             chunk = self._work.get()
             if chunk is None:
                 return
-            for path in chunk:
-                self._finished(read_one(self.fs, path, local=self._local))
+            if self._local:  # microseconds each: one hand-over per chunk
+                self._finished_all([read_one(self.fs, path, local=True) for path in chunk])
+            else:
+                for path in chunk:
+                    self._finished(read_one(self.fs, path, local=False))
 
     def close(self) -> None:
         for _ in self._threads:
