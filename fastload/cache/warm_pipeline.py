@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from fastload.errors import CacheError, FastloadError
-from fastload.io.fetch import Fetched, open_fetcher
+from fastload.io.fetch import Fetched, Fetcher, open_fetcher
 from fastload.io.origin import READ_DEADLINE_S, is_unavailable
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ def fill_shared(
 class _Run:
     """One pass of the pipeline (NOTE [warm pipeline]); all of it runs in the calling thread."""
 
-    def __init__(self, store: TieredCache, fs: Any, fetcher: Any, breaker: Breaker,
+    def __init__(self, store: TieredCache, fs: Any, fetcher: Fetcher, breaker: Breaker,
                  finished: Finished, derive_pool: ThreadPoolExecutor | None) -> None:
         self.store, self.fs, self.fetcher = store, fs, fetcher
         self.breaker, self.finished, self.derive_pool = breaker, finished, derive_pool
@@ -173,7 +173,6 @@ class _Run:
         self.pending_bytes = 0
         self.ready: deque[tuple[str, str, dict[str, Any]]] = deque()  # missing, not submitted
         self.batch = _Batch()
-        self.listed_all = False
 
     def run(self, listing: Iterator[tuple[str, dict[str, Any]]]) -> None:
         while True:
@@ -218,7 +217,6 @@ class _Run:
         while not self.ready:
             chunk = list(itertools.islice(listing, BATCH))
             if not chunk:
-                self.listed_all = True
                 return False
             urls = [self.fs.unstrip_protocol(path) for path, _ in chunk]
             keys = [self.store.key_of(url, info["version"]) for url, (_, info) in zip(urls, chunk)]

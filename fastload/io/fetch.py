@@ -72,8 +72,10 @@ class Fetched:
 # Measured on the 2-core development VM, 10k 1-KB local files in the page cache: a loop in
 # one thread reads about 41,000 files/s; one ThreadPoolExecutor task per file tops out near
 # 9,000/s (each hand-over costs more than the read), and more threads only fight for the
-# GIL; chunks of paths per reader thread recover most of the loop's speed while `jobs`
-# threads still overlap reads that wait on a device or a network filesystem. Remote stores
+# GIL; chunks of 16-32 paths per reader thread read 30,000-50,000/s. So local reads go in
+# chunks, `jobs=1` in the caller's own thread (fastest while the files are cached), and
+# more threads pay where reads wait: with the files evicted from the page cache a whole
+# warm ran at 3,200 objects/s with jobs=1 and 4,400 with 32 reader threads. Remote stores
 # answer in milliseconds, so there the cost is the wait: an event loop keeps hundreds of
 # requests in flight for the price of a few coroutines, where a thread each would spend the
 # two cores switching. `jobs` therefore means requests in flight on an async filesystem and
