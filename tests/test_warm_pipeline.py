@@ -206,3 +206,24 @@ def test_a_derivation_that_rejects_bytes_fails_those_objects_without_tripping(tm
     for i in range(6):
         value = small.tiers[0].get(small.key(fs, str(data / f"{i}.jpg")))
         assert value is not None and value == derive((data / f"{i}.jpg").read_bytes())
+
+
+def test_batched_fills_keep_the_fetch_time_version_check(tmp_path):
+    from fastload.io.versions import version_of
+
+    cache = open_cache(tmp_path / "c")
+    listed = version_of({"size": 3, "ETag": '"v1"'})
+    url = "s3://bucket/a.bin"
+    assert cache.missing([cache.key_of(url, listed)], shared_only=True) == [True]
+
+    same = cache.prepare(url, listed, b"abc")
+    assert same.key == cache.key_of(url, listed)
+    grown = cache.prepare(url, listed, b"abcd")  # not the listed size: served, never stored
+    assert grown.key is None
+    newer = cache.prepare("/data/b.bin", "1:2:3", b"x", read_version="9:9:9")  # local: its own
+    assert newer.key == cache.key_of("/data/b.bin", "9:9:9")
+    assert cache.store_many([same, grown, newer], shared_only=True) == ["fetched"] * 3
+    assert cache.missing([same.key, cache.key_of("/data/b.bin", "1:2:3"), newer.key]) == [
+        False, True, False]
+    assert cache.tiers[0].get(same.key) == b"abc" and cache.origin_reads == 3
+    cache.close()
