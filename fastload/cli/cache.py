@@ -70,7 +70,8 @@ def cache() -> None:
 @click.option("--cache", "directory", required=True, type=click.Path(file_okay=False),
               help="The cache directory (the disk tier) to fill.")
 @click.option("--jobs", default=16, show_default=True, type=click.IntRange(1, 4096),
-              help="Requests in flight.")
+              help="Requests in flight on a remote store (each object stored before its slot "
+                   "is reused); reader threads on local files (1: read in this thread).")
 @click.option("--shard", default="0/1", show_default=True,
               help="I/N: warm every N-th object starting at I (split a dataset across nodes).")
 @click.option("--size", "disk_size", default=None,
