@@ -80,11 +80,13 @@ def test_prefetch_can_be_turned_off(remote, tmp_path):
     assert ds.cache.origin_reads == 8  # only what the loop itself read
 
 
-def test_after_a_resume_the_prefetcher_looks_ahead_from_the_next_unseen_sample(jpeg_root, tmp_path):
+def test_after_a_resume_the_prefetcher_looks_ahead_from_the_next_unseen_sample(remote, tmp_path):
     from fastload.loader import prefetch
 
+    url, options = remote
+
     def loader():
-        ds = ImageFolder(jpeg_root, size=16, seed=3, cache={"disk": tmp_path / "c"})
+        ds = ImageFolder(url, size=16, seed=3, storage_options=options, cache={"disk": tmp_path / "c"})
         return DataLoader(ds, batch_size=4, shuffle=True, num_workers=0)
 
     first = loader()
@@ -102,3 +104,14 @@ def test_after_a_resume_the_prefetcher_looks_ahead_from_the_next_unseen_sample(j
     assert list(running.paths) == expected_rest  # what is left of the epoch, in order
     assert running._consumed <= 4  # counted from the resume point, not from the epoch start
     del it
+
+
+def test_a_local_dataset_is_not_prefetched_its_reads_fill_the_cache(jpeg_root, tmp_path):
+    from fastload.loader import prefetch
+
+    ds = ImageFolder(jpeg_root, size=16, cache={"disk": tmp_path / "c"})
+    loader = DataLoader(ds, batch_size=4, shuffle=True, num_workers=0)
+    assert sum(1 for _ in loader) == len(loader)
+    assert loader not in prefetch._running  # no prefetcher was started
+    stored = open_cache(tmp_path / "c").tiers[0]
+    assert all(stored.contains(ds.cache.key(ds.storage.fs, p, ds.storage.versions[p])) for p, _ in ds.samples)
