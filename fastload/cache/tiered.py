@@ -293,6 +293,12 @@ class TieredCache:
         self, fs: fsspec.AbstractFileSystem, path: str, version: str, targets: list[Tier]
     ) -> tuple[bytes, Outcome]:
         """Fetch a missed object once (per key across threads and processes) into ``targets``."""
+        if self.derive is None and isinstance(fs, LocalFileSystem):
+            # NOTE [no fetch lock for local files]: the lock exists so that processes download
+            # an object once; a local read costs less than taking it (a lock file's open and
+            # flock: 25-500 us, more than a 1 KB read), and a second read of the same file
+            # stores the same entry (puts are idempotent). A derivation's CPU work keeps it.
+            return self._fetch_and_store(fs, path, version, targets)
         key = self.key(fs, path, version)
         with self._mutex:
             event = self._inflight.get(key)
