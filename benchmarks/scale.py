@@ -44,12 +44,13 @@ sys.path.insert(0, str(ROOT))
 DATA = ROOT / ".fastload-data"
 FASTLOAD = str(Path(sys.executable).with_name("fastload"))
 FORMATS = ("packed", "files")
+LINKS_PER_SOURCE = 50_000
 
 
 # -- the dataset --------------------------------------------------------------------------
 
 def make_links(n: int, classes: int = 1000) -> Path:
-    """``n`` hard links of one small JPEG in ``classes`` folders (reused when present)."""
+    """``n`` hard links of small JPEGs (one file per 50,000) in ``classes`` folders (reused when present)."""
     root = DATA / f"scale-{n}"
     done = root / ".complete"
     if done.exists():
@@ -58,12 +59,15 @@ def make_links(n: int, classes: int = 1000) -> Path:
     from PIL import Image
 
     root.mkdir(parents=True, exist_ok=True)
-    source = DATA / "scale-source.jpg"
     rng = np.random.default_rng(0)
-    Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(source, quality=85)
+    pixels = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
     for c in range(classes):
         (root / f"n{c:08d}").mkdir(exist_ok=True)
     for i in range(n):
+        if i % LINKS_PER_SOURCE == 0:  # ext4 allows 65,000 links to one inode
+            source = DATA / f"scale-source-{i // LINKS_PER_SOURCE}.jpg"
+            if not source.exists():
+                Image.fromarray(pixels).save(source, quality=85)
         target = root / f"n{i % classes:08d}" / f"img_{i:08d}.JPEG"
         if not target.exists():
             os.link(source, target)

@@ -169,3 +169,19 @@ def test_a_fifo_in_an_explicit_list_fails_naming_it(tmp_path, cached):
     with pytest.raises(StorageError, match=r"x\.jpg.*not a regular file") as info:
         list(DataLoader(ds, batch_size=1, num_workers=0))
     assert info.value.index == 0 and info.value.path == str(fifo)
+
+
+@pytest.mark.timeout(30)
+def test_a_walk_without_details_lists_the_same_files_without_a_stat_each(root, tmp_path):
+    os.mkfifo(root / "class_01" / "x.jpg")
+    (root / "class_00" / "linked.jpg").symlink_to(min((root / "class_02").glob("*.jpg")))
+    full = Storage(root).listing(warn=False)
+    bare = Storage(root).listing(warn=False, details=False)
+    assert list(bare.files) == list(full.files) and bare.skipped == full.skipped
+    assert all(info["size"] > 0 and info["version"] for info in full.files.values())
+    linked = str(root / "class_00" / "linked.jpg")
+    plain = [p for p in bare.files if p != linked]
+    assert all(bare.files[p]["version"] is None and bare.files[p]["size"] is None for p in plain)
+    assert bare.files[linked]["version"] == full.files[linked]["version"]  # a symlink is stat'ed
+    # Without a cache ImageFolder needs no versions; with one, its keys carry them.
+    assert ImageFolder(root, size=16).samples == ImageFolder(root, size=16, cache=tmp_path / "c").samples

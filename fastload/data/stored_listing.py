@@ -207,8 +207,8 @@ def index_of_root(
             cache, listing_key(storage.url, extensions, storage_options), url=storage.url,
             extensions=extensions, prefix=prefix_of(storage),
         )
-    if stored is None or not stored.available:
-        return scan(storage, extensions, on_error).index, None
+    if stored is None or not stored.available:  # no cache: versions are not needed
+        return scan(storage, extensions, on_error, details=cache is not None).index, None
     reuse = max_age > 0
     index = stored.load(max_age) if reuse else None
     if index is None:

@@ -194,8 +194,13 @@ class Storage:
         found = self.listing(on_error=on_error).files
         return found if detail else list(found)
 
-    def listing(self, *, on_error: OnListError = "raise", warn: bool = True) -> Listing:
+    def listing(
+        self, *, on_error: OnListError = "raise", warn: bool = True, details: bool = True
+    ) -> Listing:
         """One listing of the root: its regular files and what it had to leave out.
+
+        ``details=False``: a local walk may leave out the files' sizes and versions (both
+        None), which it gets only by a stat per file; a reader without a cache needs neither.
 
         With ``read_through`` (and no ``versions`` of the caller's) the files' versions are
         kept in ``self.versions``.
@@ -208,7 +213,7 @@ class Storage:
         fs, root = self._open()
         try:
             if self.is_local:
-                found = _walk_local(root, self.url, on_error)
+                found = _walk_local(root, self.url, on_error, details)
             else:
                 found = Listing(files=self._find_remote(fs, root))
         except (ObjectNotFoundError, StorageError):
@@ -325,8 +330,13 @@ class Listing:
 # ancestors (a loop). Dangling and looping symlinks are left out and reported.
 
 
-def _walk_local(root: str, url: str, on_error: OnListError) -> Listing:
-    """List the regular files below local folder ``root`` (NOTE [local listing])."""
+def _walk_local(root: str, url: str, on_error: OnListError, details: bool = True) -> Listing:
+    """List the regular files below local folder ``root`` (NOTE [local listing]).
+
+    Without ``details`` a regular file that is no symlink is known from its directory entry
+    (its type comes with readdir): no stat, and no size or version (None). At 100,000 files
+    the stats were a quarter of the walk.
+    """
     try:
         top = os.stat(root)
     except FileNotFoundError as exc:
@@ -354,6 +364,9 @@ def _walk_local(root: str, url: str, on_error: OnListError) -> Listing:
             found.unreadable[folder] = describe(exc)
             continue
         for entry in entries:
+            if not details and entry.is_file(follow_symlinks=False):
+                found.files[entry.path] = {"name": entry.path, "size": None, "type": "file", "version": None}
+                continue
             try:
                 st = entry.stat()  # follows symlinks
             except OSError as exc:
