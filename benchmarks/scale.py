@@ -13,8 +13,8 @@ made once under .fastload-data/scale-N) is measured side by side in one run:
   and torchvision, and what a forked worker's private memory grows by when it reads every
   sample's path and label (copy-on-read, pytorch/pytorch#13246).
 
-and, at ``--remote-n`` objects, warm from moto S3 + 15 ms per request and from ``latency::``
-over the local files.
+and warm from ``latency::`` over the local files (``--remote-n`` objects, 15 ms per request)
+and from moto S3 with and without that latency (``--moto-n``).
 
 Epochs read at most ``--epoch-samples`` samples (a random subset, the same for every
 loader), so a 1M row reports rates over that subset; the per-file tier warms at most
@@ -212,11 +212,15 @@ def measure_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 # -- remote warm --------------------------------------------------------------------------
 
-def measure_remote(n: int, args: argparse.Namespace) -> list[tuple[str, float, int]]:
-    """Warm objects/s from latency::file and from moto S3 (+ latency), n objects each."""
-    root = make_links(n, classes=100)
+def measure_remote(args: argparse.Namespace) -> list[tuple[str, float, int]]:
+    """Warm objects/s from latency::file (``--remote-n`` objects) and from moto S3 with and
+    without the latency (``--moto-n``: moto serves ~100 objects/s on 2 cores)."""
     rows = []
     for origin in ("file", "s3"):
+        n = args.remote_n if origin == "file" else args.moto_n
+        if n <= 0:
+            continue
+        root = make_links(n, classes=100)
         with tempfile.TemporaryDirectory(prefix="fastload-scale-remote-", dir=args.workdir) as tmp:
             if origin == "file":
                 url, options = f"latency::file://{root}", {"latency": {"latency": args.latency_ms / 1000}}
@@ -299,7 +303,8 @@ def main() -> None:
     parser.add_argument("--epoch-samples", type=int, default=100_000)
     parser.add_argument("--files-cap", type=int, default=100_000,
                         help="the per-file tier warms at most about this many objects (a shard)")
-    parser.add_argument("--remote-n", type=int, default=10_000, help="0 = skip the remote warm")
+    parser.add_argument("--remote-n", type=int, default=10_000, help="latency:: objects; 0 = skip")
+    parser.add_argument("--moto-n", type=int, default=2_000, help="moto S3 objects; 0 = skip")
     parser.add_argument("--remote-jobs", type=int, default=64)
     parser.add_argument("--latency-ms", type=float, default=15.0)
     parser.add_argument("--workdir", default=None, help="where the caches go (default: the temp dir)")
@@ -314,14 +319,14 @@ def main() -> None:
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     results = [measure_n(int(n), args) for n in args.sizes.split(",")]
-    remote = measure_remote(args.remote_n, args) if args.remote_n else []
+    remote = measure_remote(args)
     if args.json:
         print(json.dumps({"sizes": results, "remote": remote}, indent=1))
         return
     for r in results:
         print_n(r, args)
     if remote:
-        print(f"\nwarm from a remote store, {args.remote_n:,} objects, {args.remote_jobs} in flight "
+        print(f"\nwarm from a remote store, {args.remote_jobs} in flight "
               f"(targets: >= 1,000 objects/s at 15 ms; >= 5,000/s local):")
         for label, rate, fetched in remote:
             print(f"  {label:32s} {rate:8,.0f} objects/s ({fetched:,} fetched)")
