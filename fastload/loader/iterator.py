@@ -168,7 +168,7 @@ class _MeteredPlain(LoaderIterator):
             self._pass.close(t0)
             raise
         t1 = _perf()
-        if not self._meter.in_pass:
+        if not self._pass.opened:
             self._pass.open()
         self._add_start(t0)
         self._add_end(t1)

@@ -214,29 +214,37 @@ class InlinePass:
     NOTE [the meter inside the loader's iterator]: for the counted case only (:func:`counted`;
     :meth:`StarvationMeter.track_inline` returns None otherwise). Per batch, the iterator
     records ``t0 = perf_counter()`` before its ``next()`` and ``t1`` after, then: if not
-    ``meter.in_pass``, :meth:`open`; then ``add_start(t0)`` and ``add_end(t1)``. At
+    ``opened``, :meth:`open`; then ``add_start(t0)`` and ``add_end(t1)``. At
     ``StopIteration``: :meth:`close` with its ``t0``.
+
+    ``opened`` lives here, not on the meter, so the per-batch check reads one slot of an
+    object the iterator holds (inside a real loader every other object it reads is a likely
+    cache miss); the meter's ``reset()`` clears it, so a pass reset mid-way opens anew.
 
     Attributes:
         meter: the :class:`~fastload.meter.StarvationMeter` recorded into.
         add_start: appends a batch's ``t0`` (the meter's column, bound once per pass).
         add_end: appends a batch's ``t1``.
+        opened: the pass has delivered its first batch (and the meter was not reset since).
     """
 
-    __slots__ = ("add_end", "add_start", "meter")
+    __slots__ = ("__weakref__", "add_end", "add_start", "meter", "opened")
 
     def __init__(self, meter: StarvationMeter) -> None:
         self.meter = meter
-        meter.in_pass = False  # a new pass: its first batch opens it
+        self.opened = False  # a new pass: its first batch opens it
+        meter.in_pass = False
         meter._fresh = True
         self.add_start = meter._start.append
         self.add_end = meter._end.append
 
     def open(self) -> None:
         """Open the pass, at its first batch (before that batch's records)."""
+        self.opened = True
         self.meter._open_pass(counted=True)
 
     def close(self, t: float) -> None:
         """End the pass at ``t``, the ``perf_counter`` of the ``next()`` that raised StopIteration."""
-        if self.meter.in_pass:
+        if self.opened:
+            self.opened = False
             self.meter._close_pass(t)

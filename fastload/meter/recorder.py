@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from array import array
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -154,6 +155,11 @@ class StarvationMeter:
         self._pass_end: list[float] = []  # perf_counter of the next() that ended it, or nan
         self.in_pass = False
         """A pass has delivered its first batch and not ended (read by the hot path)."""
+        inline = getattr(self, "_inline", None)
+        inline = inline() if inline is not None else None
+        if inline is not None:
+            inline.opened = False
+        self._inline: weakref.ref[InlinePass] | None = None
         self._pending = 0  # samples of each batch not yet in _samples (a counted pass)
         self._upstream = 0.0
         self.copy_split = getattr(self, "copy_split", False)
@@ -180,7 +186,11 @@ class StarvationMeter:
         """
         if self._probe is None and self._use_gpu():
             self._probe = CudaIdleProbe()
-        return InlinePass(self) if counted(self) else None
+        if not counted(self):
+            return None
+        inline = InlinePass(self)
+        self._inline = weakref.ref(inline)  # reset() clears its ``opened``
+        return inline
 
     def _use_gpu(self) -> bool:
         if self.gpu is False:
