@@ -148,3 +148,128 @@ def test_a_redis_cluster_works_from_the_url_of_any_node(redis_cluster):
     assert sum(1 for n in per_node if n) >= 2  # the entries really are spread over the nodes
     fresh.delete("s3://bucket/big.bin@v1")
     assert fresh.get("s3://bucket/big.bin@v1") is None and tier.contains(keys[0])
+    # A batch spans the nodes: the cluster pipeline sends each node its own entries.
+    batch = [(f"s3://bucket/batch_{i:03d}.jpg@e{i}", bytes([i]) * (50 + i)) for i in range(60)]
+    batch.append(("s3://bucket/big2.bin@v1", big))
+    assert fresh.put_many(batch) == [True] * 61
+    assert tier.contains_many([k for k, _ in batch] + ["s3://bucket/none@v0"]) == [True] * 61 + [False]
+    assert all(tier.get(k) == v for k, v in batch)
+
+
+# -- batches: put_many / contains_many (NOTE [redis batches]) --------------------------------
+
+
+def _reads(server: RedisServer) -> int:
+    """Read events the server processed so far (one per request burst it received)."""
+    return server.client().info("stats")["total_reads_processed"]
+
+
+def test_put_many_stores_validated_entries_small_and_chunked(redis_server):
+    from fastload.cache import entry
+
+    tier = RedisTier(redis_server.url, chunk_size=4096)
+    items = [(f"s3://b/img_{i:03d}.jpg#v={i}", bytes([i]) * (10 + 40 * i)) for i in range(60)]
+    items[7] = ("s3://b/big_a.bin#v=1", bytes(range(256)) * 70)  # 5 chunks
+    items[33] = ("s3://b/big_b.bin#v=1", b"q" * 4097)  # one byte over: 2 chunks
+    assert tier.put_many(items) == [True] * 60
+    assert tier.stats.puts == 60 and tier.stats.rejected == 0
+    assert tier.stats.bytes_written == sum(len(v) for _, v in items)
+
+    client = redis_server.client()
+    assert len(client.keys("*:m")) == 60 and len(client.keys("*:c:*")) == 5 + 2
+    fresh = RedisTier(redis_server.url, chunk_size=4096)  # another process's view
+    assert all(fresh.get(key) == value for key, value in items)
+    # Inline entries are put's format: the entry header with the key and the checksum.
+    small_key, small_value = items[3]
+    (raw,) = [client.get(k) for k in client.keys("*:m") if small_key.encode() in client.get(k)]
+    assert entry.decode(raw, expect_key=small_key) == small_value
+    # A second batch of the same objects stores nothing twice and still says True.
+    assert fresh.put_many(items) == [True] * 60 and fresh.stats.puts == 0
+    assert len(client.keys("*")) == 60 + 7
+    assert fresh.put_many([]) == [] and fresh.contains_many([]) == []
+
+
+def test_put_many_entries_are_validated_on_read(redis_server):
+    tier = RedisTier(redis_server.url)
+    tier.put_many([("a", b"alpha"), ("b", b"beta")])
+    client = redis_server.client()
+    for mkey in client.keys("*:m"):
+        client.set(mkey, client.get(mkey)[:-1] + b"X")  # corrupt both values
+    assert tier.get("a") is None and tier.get("b") is None and tier.stats.corrupt == 2
+    assert tier.contains_many(["a", "b"]) == [False, False]  # dropped, not kept
+
+
+def test_contains_many_answers_per_key_in_order(redis_server):
+    tier = RedisTier(redis_server.url, chunk_size=4096)
+    keys = [f"k{i}" for i in range(600)]  # three pipelines of PIPELINE_ENTRIES
+    assert all(tier.put_many([(k, b"v" * (i % 7)) for i, k in enumerate(keys) if i % 3 == 0]))
+    assert tier.put("big", b"z" * 10_000)
+    asked = keys + ["big", "never"]
+    expected = [i % 3 == 0 for i in range(600)] + [True, False]
+    assert tier.contains_many(asked) == expected
+    assert tier.contains_many(asked) == [tier.contains(k) for k in asked]
+    assert tier.stats.hits == tier.stats.misses == 0  # uncounted, as contains
+
+
+def test_a_batch_costs_a_few_round_trips_not_one_per_entry(redis_server):
+    tier = RedisTier(redis_server.url)
+    tier.contains("warm-up")  # connect first: the connection's own commands are not counted
+    client = redis_server.client()
+    items = [(f"s3://b/{i:04d}.jpg#v=1", bytes([i % 256]) * 32) for i in range(200)]
+    sets_before = client.info("commandstats").get("cmdstat_set", {}).get("calls", 0)
+    before = _reads(redis_server)
+    assert all(tier.put_many(items))
+    batch_reads = _reads(redis_server) - before - 1  # less the second INFO's own read
+    before = _reads(redis_server)
+    assert tier.contains_many([k for k, _ in items]) == [True] * 200
+    contains_reads = _reads(redis_server) - before - 1
+    before = _reads(redis_server)
+    assert all(tier.put(f"{k}-single", v) for k, v in items)
+    loop_reads = _reads(redis_server) - before - 1
+    sets = client.info("commandstats")["cmdstat_set"]["calls"] - sets_before
+    assert sets == 400  # one SET NX per entry either way: the batch adds no commands
+    assert loop_reads >= 200  # the default loop: a round trip per entry
+    assert batch_reads <= 20 and contains_reads <= 20
+
+
+def test_full_redis_declines_part_of_a_batch_with_one_warning(tmp_path, caplog):
+    server = RedisServer(tmp_path, maxmemory="2mb")
+    try:
+        tier = RedisTier(server.url, chunk_size=64 * 1024)
+        items = [(f"k{i}", bytes([i]) * 50_000) for i in range(80)]  # 4 MB into 2 MB
+        results = tier.put_many(items)
+        assert results[0] and not all(results)
+        assert tier.stats.rejected == results.count(False) and tier.stats.puts == results.count(True)
+        assert tier.contains_many([k for k, _ in items]) == results
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "maxmemory" in warnings[0].getMessage()
+        assert tier.available  # a full Redis is not a down one
+        assert all(tier.get(k) == v for (k, v), ok in zip(items, results) if ok)
+    finally:
+        server.stop()
+
+
+def test_a_batch_while_redis_is_stopped_is_false_with_one_warning(redis_server, caplog):
+    tier = RedisTier(redis_server.url, chunk_size=4096, socket_timeout=0.5, retry_after=60)
+    assert tier.put_many([("before", b"v")]) == [True]
+    redis_server.stop()
+    items = [(f"k{i}", b"x" * 100) for i in range(600)] + [("big", b"z" * 10_000)]
+    assert tier.put_many(items) == [False] * 601  # no exception
+    assert tier.stats.rejected == 601
+    assert tier.contains_many(["before", "k1"]) == [False, False]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and redis_server.url in warnings[0].getMessage()
+    assert not tier.available
+
+
+def test_a_batch_against_a_stalled_redis_times_out_false_with_one_warning(redis_server, caplog):
+    tier = RedisTier(redis_server.url, socket_timeout=0.3, retry_after=60)
+    tier.contains("warm-up")
+    # The server stops answering writes (as a stalled or overloaded one); the pipeline's
+    # replies never come within socket_timeout.
+    redis_server.client().execute_command("CLIENT", "PAUSE", "3000", "WRITE")
+    items = [(f"k{i}", b"x" * 100) for i in range(300)]
+    assert tier.put_many(items) == [False] * 300
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "TimeoutError" in warnings[0].getMessage()
+    assert tier.contains_many(["k0"]) == [False] and not tier.available

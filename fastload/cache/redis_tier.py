@@ -35,7 +35,8 @@ import os
 import struct
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import redis
@@ -55,6 +56,14 @@ T = TypeVar("T")
 DEFAULT_CHUNK = 4 * 2**20
 """Bytes per chunk of a large value: far below Redis's 512 MiB value limit, small enough
 to keep one slow client from blocking the server."""
+
+PIPELINE_ENTRIES = 256
+"""Most commands :meth:`RedisTier.put_many` / :meth:`RedisTier.contains_many` send in one
+pipeline (one round trip); NOTE [redis batches]."""
+
+PIPELINE_BYTES = 8 * 2**20
+"""Most value bytes in one pipeline of :meth:`RedisTier.put_many` (one larger value still
+goes alone); NOTE [redis batches]."""
 
 _HEADER_PEEK = 64 * 2**10  # bytes of a manifest read to list its key (headers are small)
 _LEN = struct.Struct("<I")  # the entry format's header length (fastload.cache.entry)
@@ -155,27 +164,35 @@ class RedisTier(Tier):
         try:
             result = op(self.client)
         except redis.OutOfMemoryError:
-            self._warn_once(
-                "oom",
-                "Redis cache %s reached its maxmemory with an eviction policy that refuses "
-                "writes; new objects are not shared from now on (raise maxmemory or set "
-                "maxmemory-policy allkeys-lru)", self.url,
-            )
+            self._full()
             return fallback
         except (*_FAULTS, redis.RedisError) as exc:
-            self._down_until = time.monotonic() + self.retry_after
-            self._client = None
-            self._warn_once(
-                "down",
-                "Redis cache %s failed during %s (%s: %s); reading from the next tier or the "
-                "origin instead, retrying Redis every %.0f s. Training goes on.",
-                self.url, what, type(exc).__name__, exc, self.retry_after,
-            )
+            self._failed(what, exc)
             return fallback
         if "down" in self._warned and "up" not in self._warned:
             self._warned.add("up")
             logger.info("Redis cache %s answers again", self.url)
         return result
+
+    def _full(self) -> None:
+        """A write refused for the budget (maxmemory with noeviction): a declined put."""
+        self._warn_once(
+            "oom",
+            "Redis cache %s reached its maxmemory with an eviction policy that refuses "
+            "writes; new objects are not shared from now on (raise maxmemory or set "
+            "maxmemory-policy allkeys-lru)", self.url,
+        )
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        """A fault: rest the tier for ``retry_after`` seconds, say so once."""
+        self._down_until = time.monotonic() + self.retry_after
+        self._client = None
+        self._warn_once(
+            "down",
+            "Redis cache %s failed during %s (%s: %s); reading from the next tier or the "
+            "origin instead, retrying Redis every %.0f s. Training goes on.",
+            self.url, what, type(exc).__name__, exc, self.retry_after,
+        )
 
     def _warn_once(self, kind: str, message: str, *args: Any) -> None:
         if kind in self._warned:
@@ -210,7 +227,7 @@ class RedisTier(Tier):
         if blob is None:
             return None
         try:
-            header, start = entry.read_header(blob)
+            header, _ = entry.read_header(blob)
             if header["key"] != key:  # another key with the same 128-bit hash: a miss
                 return None
             if "chunks" not in header:
@@ -255,6 +272,90 @@ class RedisTier(Tier):
             return True
         r.delete(*ckeys)  # another writer got there first; its entry is the same object
         return False
+
+    # NOTE [redis batches]
+    # `cache warm` stores its downloads a batch at a time (Tier.put_many) and checks a resume
+    # a batch of keys at a time (Tier.contains_many); one command per round trip would make
+    # the network's latency the warm's limit. So a batch goes in pipelines without MULTI
+    # (transaction=False: nothing needs all-or-nothing, and a cluster pipeline may span
+    # nodes) of at most PIPELINE_ENTRIES commands and PIPELINE_BYTES of values: bounded so
+    # that the client's packed copy and the server's query buffer stay small and one writer
+    # never holds the server long against other clients. Each entry is still the single SET
+    # NX of `put` (the same header and checksum), so a reader sees a whole entry or none.
+    # Values above `chunk_size` take `put`'s own path (chunks first, manifest last: NOTE
+    # [redis layout]). Replies come per command: a refused write (maxmemory, noeviction) is
+    # a declined entry and the one "full" warning; a connection failure loses the
+    # pipeline's replies, so its entries and every later one report False (some of them may
+    # have been stored: a rerun finds them), the tier rests and warns once, as after a put.
+
+    def put_many(self, items: Iterable[tuple[str, bytes]]) -> list[bool]:
+        """Store many entries, each as :meth:`put` would, a pipeline at a time.
+
+        One result per item, in order: True if the entry is stored (now or before), False
+        if the budget refused it or Redis failed (never raises). See NOTE [redis batches].
+
+        Example::
+
+            >>> tier.put_many([("s3://b/a.jpg#v=1", b"..."), ("s3://b/b.jpg#v=4", b"...")])
+            [True, True]
+        """
+        pairs = [(key, bytes(value)) for key, value in items]
+        results = [False] * len(pairs)
+        inline: list[int] = []
+        for i, (key, value) in enumerate(pairs):
+            if len(value) > self.chunk_size:
+                results[i] = self.put(key, value)
+            else:
+                inline.append(i)
+        for batch in _pipelines(inline, [len(value) for _, value in pairs]):
+            replies = self._call("put", partial(self._set_all, [pairs[i] for i in batch]), None)
+            if replies is None:  # the tier is down (or just failed): nothing of it was stored
+                self.stats.rejected += len(batch)
+                continue
+            fault: BaseException | None = None
+            for i, reply in zip(batch, replies):
+                if isinstance(reply, Exception):
+                    self.stats.rejected += 1
+                    if isinstance(reply, redis.OutOfMemoryError):
+                        self._full()
+                    else:
+                        fault = fault or reply
+                    continue
+                results[i] = True
+                if reply:  # None: an equal entry was already there
+                    self.stats.puts += 1
+                    self.stats.bytes_written += len(pairs[i][1])
+            if fault is not None:
+                self._failed("put", fault)
+        return results
+
+    def _set_all(self, pairs: list[tuple[str, bytes]], r: redis.Redis) -> list[Any]:
+        """One pipeline of `put`'s inline SET NX; a reply per entry (True, None or an error)."""
+        pipe = r.pipeline(transaction=False)
+        for key, value in pairs:
+            pipe.set(self._manifest_key(key), entry.encode_header(key, value) + value, nx=True)
+        return pipe.execute(raise_on_error=False)
+
+    def contains_many(self, keys: Sequence[str]) -> list[bool]:
+        """:meth:`contains` of each key, PIPELINE_ENTRIES keys per round trip (uncounted).
+
+        Example::
+
+            >>> tier.contains_many(["s3://b/a.jpg#v=1", "s3://b/c.jpg#v=2"])
+            [True, False]
+        """
+        found: list[bool] = []
+        for start in range(0, len(keys), PIPELINE_ENTRIES):
+            part = list(keys[start : start + PIPELINE_ENTRIES])
+            replies = self._call("contains", partial(self._exists_all, part), [0] * len(part))
+            found += [bool(reply) for reply in replies]
+        return found
+
+    def _exists_all(self, keys: list[str], r: redis.Redis) -> list[Any]:
+        pipe = r.pipeline(transaction=False)
+        for key in keys:
+            pipe.exists(self._manifest_key(key))
+        return pipe.execute()
 
     def delete(self, key: str) -> None:
         def op(r: redis.Redis) -> None:
@@ -309,3 +410,17 @@ def _manifest(key: str, value: bytes, chunks: int, write_id: str) -> bytes:
               "write_id": write_id}
     raw = json.dumps(header, ensure_ascii=True).encode()
     return entry.MAGIC + _LEN.pack(len(raw)) + raw
+
+
+def _pipelines(indexes: list[int], sizes: list[int]) -> Iterator[list[int]]:
+    """``indexes`` in runs of at most PIPELINE_ENTRIES and PIPELINE_BYTES (of ``sizes``)."""
+    run: list[int] = []
+    nbytes = 0
+    for i in indexes:
+        if run and (len(run) >= PIPELINE_ENTRIES or nbytes + sizes[i] > PIPELINE_BYTES):
+            yield run
+            run, nbytes = [], 0
+        run.append(i)
+        nbytes += sizes[i]
+    if run:
+        yield run
