@@ -128,3 +128,33 @@ def test_stats_names_the_directory_format(tmp_path, fmt, description):
     assert table.returncode == 0, table.stderr
     row = next(line for line in table.stdout.splitlines() if " format " in line)
     assert f"{fmt} ({description})" in row and "format_description" not in table.stdout
+
+
+def test_warm_help_says_the_jobs_default_per_store():
+    shown = _script("cache", "warm", "--help")
+    assert shown.returncode == 0, shown.stderr
+    text = " ".join(shown.stdout.split())  # click wraps the help text
+    assert "64 on an async remote store" in text and "16 on local files" in text
+
+
+def test_warm_without_jobs_on_local_files_uses_reader_threads(tmp_path):
+    import fsspec
+
+    from fastload.io.fetch import REMOTE_JOBS, SYNC_JOBS, default_jobs
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(40):
+        (data / f"{i:03d}.bin").write_bytes(bytes([i]) * (100 + i))
+    warmed = _script("cache", "warm", str(data), "--cache", str(tmp_path / "c"), "--json")
+    assert warmed.returncode == 0, warmed.stderr
+    report = json.loads(warmed.stdout)
+    assert report["files"] == report["fetched"] == 40 and report["failed"] == []
+    tier = DiskTier(tmp_path / "c")
+    assert tier.verify().checked == 40
+    again = json.loads(_script("cache", "warm", str(data), "--cache", str(tmp_path / "c"), "--json").stdout)
+    assert again["skipped"] == 40 and again["fetched"] == 0
+    # What the default is on each kind of store (NOTE [default jobs] in fastload/io/fetch.py).
+    assert default_jobs(fsspec.filesystem("file")) == SYNC_JOBS == 16
+    assert default_jobs(fsspec.filesystem("s3", anon=True)) == REMOTE_JOBS == 64
+    assert default_jobs(fsspec.filesystem("http")) == REMOTE_JOBS

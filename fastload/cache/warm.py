@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from fastload.cache.build import open_cache
 from fastload.cache.warm_pipeline import Breaker, fill_shared
 from fastload.errors import ConfigError, FastloadError, ObjectNotFoundError, OriginUnavailableError
+from fastload.io.fetch import default_jobs
 from fastload.io.origin import is_unavailable
 from fastload.io.storage import Storage
 
@@ -89,7 +90,7 @@ def warm(
     url: str,
     cache: Any,
     *,
-    jobs: int = 16,
+    jobs: int | None = None,
     shard: tuple[int, int] = (0, 1),
     storage_options: dict[str, Any] | None = None,
     max_failures: int = MAX_FAILURES,
@@ -105,6 +106,8 @@ def warm(
         cache: a cache spec (a directory, a dict, a CacheConfig...); needs a disk or Redis tier.
         jobs: requests in flight on a remote (async) store, at most this many objects
             between request and store; reader threads on a local or other sync one.
+            Default (None): 64 on a remote store, 16 on a sync one (NOTE [default jobs] in
+            :mod:`fastload.io.fetch`).
         shard: ``(i, n)``: warm objects ``i, i + n, i + 2n...`` of the sorted listing.
         storage_options: passed to fsspec (fastload adds timeouts the user left unset).
         max_failures: give up after this many objects in a row failed (the origin looks
@@ -127,7 +130,7 @@ def warm(
         raise ConfigError(
             f"cache warm needs a disk or Redis tier, got cache={cache!r}; pass a directory"
         )
-    if jobs < 1:
+    if jobs is not None and jobs < 1:
         raise ConfigError(f"jobs must be at least 1, got {jobs}")
     if max_failures < 1:
         raise ConfigError(f"max_failures must be at least 1, got {max_failures}")
@@ -151,7 +154,7 @@ def warm(
 def _warm(
     url: str,
     store: TieredCache,
-    jobs: int,
+    jobs: int | None,
     shard: tuple[int, int],
     storage_options: dict[str, Any] | None,
     breaker: Breaker,
@@ -197,6 +200,8 @@ def _warm(
         if on_file is not None:
             on_file(file_url, int(info.get("size") or 0), outcome)
 
+    if jobs is None:
+        jobs = default_jobs(storage.fs)
     fill_shared(store, storage.fs, iter(mine), jobs=jobs, breaker=breaker, finished=finished)
     report.failed.sort()
     if breaker.tripped:

@@ -69,9 +69,11 @@ def cache() -> None:
 @click.argument("url")
 @click.option("--cache", "directory", required=True, type=click.Path(file_okay=False),
               help="The cache directory (the disk tier) to fill.")
-@click.option("--jobs", default=16, show_default=True, type=click.IntRange(1, 4096),
+@click.option("--jobs", default=None, type=click.IntRange(1, 4096),
               help="Requests in flight on a remote store (each object stored before its slot "
-                   "is reused); reader threads on local files (1: read in this thread).")
+                   "is reused); reader threads on local files (1: read in this thread). "
+                   "[default: 64 on an async remote store (s3://, gs://, az://, http(s)://), "
+                   "16 on local files and other sync stores]")
 @click.option("--shard", default="0/1", show_default=True,
               help="I/N: warm every N-th object starting at I (split a dataset across nodes).")
 @click.option("--size", "disk_size", default=None,
@@ -92,7 +94,7 @@ def cache() -> None:
 @click.option("--quality", default=None, type=int,
               help="JPEG quality of --transcode, 1..95 [default: 90].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def warm_command(url: str, directory: str, jobs: int, shard: str, disk_size: str | None,
+def warm_command(url: str, directory: str, jobs: int | None, shard: str, disk_size: str | None,
                  policy: str, redis: str | None, max_failures: int, options: tuple[str, ...],
                  max_side: int | None, quality: int | None, as_json: bool) -> None:
     """Fetch every object below URL into the cache; resumable, exits 1 if any failed."""
