@@ -17,6 +17,16 @@ and, to isolate the meter from the loader, its hot path alone: ``measure()`` aro
 of ready batches against iterating the list. Each figure is the median over ``--rounds``
 rounds; the overhead is (on - off) / off of the per-batch time. Target: <= 1%.
 
+Two microbenchmarks of the loader's own iterator (what a fastload loader runs per batch in
+the main process, NOTE [the meter inside the loader's iterator]), meter on vs off, over
+ready batches so torch's fetch is not in the figure:
+
+* warm: whole rounds of ``--iter-batches`` batches, the minimum and the median over
+  ``--iter-rounds`` rounds of the per-batch difference;
+* cold: the same iterators stepped alternately with ``--cold-mb`` MB of memory written
+  between batches (as torch's collate and a training step evict the caches), each ``next()``
+  timed; the median of the per-batch differences.
+
 The meter's cost is a fixed time per batch, so its share falls as batches get bigger; the
 run repeats at each ``--batch-sizes`` (default 8 and 128: about 8,000 and 3,000 batches/s on
 a 2-core machine) and prints the cost in microseconds next to the share.
@@ -137,6 +147,55 @@ def overhead_at(batch_size: int, batches: int, rounds: int, twins: int = TWINS) 
     }
 
 
+def iterator_cost(batch_size: int, batches: int, rounds: int, cold_mb: int) -> dict:
+    """Microseconds per batch the meter adds to the loader's own iterator (warm and cold)."""
+    import numpy as np
+
+    from fastload.loader.iterator import epoch_iterator
+    from fastload.loader.state import Progress
+
+    n = batches * batch_size
+    data = TensorDataset(torch.randn(n, 16), torch.arange(n))
+    ready = [data[i : i + batch_size] for i in range(0, n, batch_size)]
+    on = fastload.DataLoader(data, batch_size=batch_size, num_workers=0)
+    off = fastload.DataLoader(data, batch_size=batch_size, num_workers=0, meter=False)
+    perf = time.perf_counter
+    warm: dict[str, list[float]] = {"on": [], "off": []}
+    for r in range(rounds):
+        for name, loader in ((("on", on), ("off", off)) if r % 2 else (("off", off), ("on", on))):
+            if loader.meter is not None:
+                loader.meter.reset()
+            it = epoch_iterator(loader, iter(ready), Progress(0))
+            t0 = perf()
+            for _ in it:
+                pass
+            warm[name].append((perf() - t0) / batches)
+    diffs = [a - b for a, b in zip(warm["on"], warm["off"])]
+    big = np.ones(cold_mb << 18, dtype=np.float32)
+    cold: list[float] = []
+    for r in range(max(2, rounds // 50)):
+        on.meter.reset()
+        a = epoch_iterator(on, iter(ready), Progress(0))
+        b = epoch_iterator(off, iter(ready), Progress(0))
+        first, second = (a, b) if r % 2 else (b, a)
+        for _ in range(batches):
+            big += 1.0
+            t0 = perf()
+            next(first)
+            t1 = perf()
+            big += 1.0
+            t2 = perf()
+            next(second)
+            t3 = perf()
+            cold.append((t1 - t0) - (t3 - t2) if first is a else (t3 - t2) - (t1 - t0))
+    return {
+        "warm_min_us": (min(warm["on"]) - min(warm["off"])) * 1e6,
+        "warm_median_us": statistics.median(diffs) * 1e6,
+        "cold_median_us": statistics.median(cold) * 1e6,
+        "cold_mb": cold_mb,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -147,10 +206,19 @@ def main(argv: list[str] | None = None) -> int:
         help="one measurement per batch size: small batches give the highest batch rate",
     )
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--iter-batches", type=int, default=500,
+                        help="batches per round of the iterator microbenchmarks")
+    parser.add_argument("--iter-rounds", type=int, default=301)
+    parser.add_argument("--cold-mb", type=int, default=8,
+                        help="MB written between batches in the cold microbenchmark")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     args = parser.parse_args(argv)
 
     results = [overhead_at(b, args.batches, args.rounds) for b in args.batch_sizes]
+    for result in results:
+        result["loader_iterator"] = iterator_cost(
+            result["batch_size"], args.iter_batches, args.iter_rounds, args.cold_mb
+        )
     if args.json:
         json.dump({"batches_per_round": args.batches, "rounds": args.rounds, "runs": results},
                   sys.stdout, indent=1)
@@ -177,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{result['meter_hot_path_share_of_batch']:.2%} of the loader's per-batch time"
         )
         print(f"  fastload (off) vs stock torch {result['fastload_off_vs_stock']:+.2%}")
+        it = result["loader_iterator"]
+        print(
+            f"  loader iterator, ready batches: meter adds {it['warm_min_us']:.2f} us/batch "
+            f"(min of rounds; median {it['warm_median_us']:.2f}), {it['cold_median_us']:.2f} us "
+            f"with {it['cold_mb']} MB written between batches (median)"
+        )
     return 0
 
 
