@@ -59,3 +59,10 @@ def test_clear_through_the_console_script_empties_the_cache(cache_dir):
     done, _ = _imports("cache", "clear", str(cache_dir))
     assert done.returncode == 0
     assert list(DiskTier(cache_dir, create=False).keys()) == []
+
+
+def test_warm_is_imported_only_by_the_warm_command(cache_dir):
+    _, imported = _imports("cache", "stats", str(cache_dir))
+    assert "fastload.cache.warm" not in imported and "fsspec" not in imported
+    done, _ = _imports("cache", "warm", "--help")
+    assert done.returncode == 0 and "[default: 10]" in " ".join(done.stdout.split())  # MAX_FAILURES

@@ -32,7 +32,7 @@ from rich.table import Table
 
 from fastload.cache.config import CacheConfig, transcode_spec
 from fastload.cache.disk import DiskTier
-from fastload.cache.warm import MAX_FAILURES, WarmReport, parse_shard, warm
+from fastload.cache.warm_report import MAX_FAILURES, WarmReport, parse_shard
 from fastload.errors import ConfigError, OriginUnavailableError
 
 if TYPE_CHECKING:
@@ -111,6 +111,9 @@ def warm_command(url: str, directory: str, jobs: int | None, shard: str, disk_si
         from fastload.data.transcode import Transcode
 
         derive = Transcode.from_spec(transcode)
+    # Imported here: the warm's storage and fetch layers (fsspec, asyncio) only for `warm`.
+    from fastload.cache.warm import warm
+
     console = Console(stderr=True)
     progress = _RichProgress(console) if console.is_terminal else _PlainProgress()
     try:
