@@ -65,4 +65,4 @@ def test_warm_is_imported_only_by_the_warm_command(cache_dir):
     _, imported = _imports("cache", "stats", str(cache_dir))
     assert "fastload.cache.warm" not in imported and "fsspec" not in imported
     done, _ = _imports("cache", "warm", "--help")
-    assert done.returncode == 0 and "[default: 10]" in " ".join(done.stdout.split())  # MAX_FAILURES
+    assert done.returncode == 0 and "[default: 10;" in " ".join(done.stdout.split())  # MAX_FAILURES
