@@ -618,3 +618,20 @@ def test_no_probe_no_reuse(monkeypatch, tmp_path):
     assert loader.settings.probe is None
     list(loader)
     assert fetches(log) == dict.fromkeys(range(16), 1)
+
+
+def test_kept_samples_follow_torchs_fetch_for_any_batch_of_indices(tmp_path):
+    log = tmp_path / "fetches.log"
+    ds = Logged(log, n=16)
+    batches = [(0, 9), iter([1, 10]), [np.int64(2), 11], [3, 3, 4]]  # tuple, generator, numpy, repeat
+    loader = fastload.DataLoader(ds, batch_sampler=batches)
+    assert loader.settings.probe.kept.count == MAX_SAMPLES
+    got = [b[:, 0].tolist() for b in loader]
+    assert got == [[0.0, 9.0], [1.0, 10.0], [2.0, 11.0], [3.0, 3.0, 4.0]]
+    counts = fetches(log)
+    assert counts[0] == counts[4] == 1  # the probe's, served from it
+    assert counts[1] == counts[2] == 2  # a generator and a numpy index: torch's fetch, as given
+    assert counts[3] == 2  # served once, then fetched for its repeat
+    unbatched = fastload.DataLoader(Logged(tmp_path / "single.log", n=12), batch_size=None)
+    assert [int(x[0]) for x in unbatched] == list(range(12))
+    assert fetches(tmp_path / "single.log") == dict.fromkeys(range(12), 1)

@@ -108,7 +108,10 @@ class KeptSamples:
             getattr(fetcher, "collate_fn", None)
         ):
             return False
-        fetcher.fetch = _serving_fetch(fetcher, blobs)
+        try:
+            fetcher.fetch = _serving_fetch(fetcher, blobs)
+        except (AttributeError, TypeError):  # a fetcher without instance attributes
+            return False
         return True
 
     def __reduce__(self) -> Any:
@@ -134,14 +137,16 @@ def _serving_fetch(fetcher: Any, blobs: dict[int, bytes]) -> Callable[[Any], Any
         if not blobs:
             return fetch(index)
         if batched:
-            if kept.isdisjoint(index):
+            # Lists (torch's BatchSampler) and tuples only: any other batch of indices (a
+            # generator, an array) goes to torch's fetch untouched, as it came.
+            if type(index) not in (list, tuple) or kept.isdisjoint(index):
                 return fetch(index)
             data = [_take(blobs, i, fetcher) for i in index]
         elif type(index) is int and index in blobs:
             data = _take(blobs, index, fetcher)
         else:
             return fetch(index)
-        if not blobs and fetcher.__dict__.get("fetch") is serving_fetch:
+        if not blobs and vars(fetcher).get("fetch") is serving_fetch:
             del fetcher.fetch  # all served: torch's own fetch again, nothing in between
         return fetcher.collate_fn(data)
 
