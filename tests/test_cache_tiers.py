@@ -126,6 +126,7 @@ _FULL_DISK = textwrap.dedent(
     cache = open_cache({"disk": sys.argv[1], "disk_format": sys.argv[2]})
     fs = fsspec.filesystem("file")
     out = [len(cache.read(fs, p)) for p in sys.argv[3:]]
+    cache.close()  # commits the puts written behind (NOTE [write-behind])
     print(json.dumps({"sizes": out, "rejected": cache.tiers[0].stats.rejected,
                       "origin": cache.origin_reads}))
     """

@@ -24,6 +24,9 @@ NOTE [disk tier across processes]
   overshoot it. ``fastload cache stats`` and ``verify`` recount it (:mod:`.maintenance`).
 * ``lock(key)`` is a file lock per key stripe: the cache holds it while it fetches a missing
   object, so processes on a node download each object once.
+* ``put_later`` (format "packed", objects below 1 MiB) buffers a put of the read path in
+  this process and commits it with others in one transaction (NOTE [write-behind] in
+  :mod:`.writebehind`); this process sees it at once, other processes after the flush.
 * A full disk (ENOSPC, EDQUOT, EFBIG) or, under policy "keep", an exhausted budget makes the
   tier pass-through in that process: one warning, reads go to the origin, training goes on.
 * Nothing is read, written or deleted through a symlink or in a directory fastload did not
@@ -57,8 +60,10 @@ from fastload.cache.entrystore import Damaged, EntryStore, Status
 from fastload.cache.filestore import FileStore
 from fastload.cache.keys import digest
 from fastload.cache.lmdbenv import StoreFault
+from fastload.cache.packed import FILE_MIN
 from fastload.cache.packedformat import PackedFormatStore
 from fastload.cache.tier import Tier, TierStats
+from fastload.cache.writebehind import pending_puts
 from fastload.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -132,6 +137,9 @@ class DiskTier(Tier):
         self.budget: int = budget
         self._passthrough = False
         self._warned: set[str] = set()
+        # NOTE [write-behind]: one buffer per process and directory, shared by its tiers
+        self._pending = pending_puts(str(self.directory))
+        self._defer_below = FILE_MIN if self.format == "packed" else 0
         self.recorder = StatsRecorder(self.cache_dir, self.stats)
         multiprocessing.util.Finalize(self, self.recorder.flush, exitpriority=10)
 
@@ -159,6 +167,11 @@ class DiskTier(Tier):
     # -- the Tier contract ----------------------------------------------------------------
 
     def get(self, key: str) -> bytes | None:
+        pending = self._pending
+        if pending.values or pending.flushing:  # NOTE [write-behind]: not committed yet
+            value = pending.get(key)
+            if value is not None:
+                return self._hit(value)
         try:
             value = self.store.read(key)
         except Damaged as exc:
@@ -170,9 +183,15 @@ class DiskTier(Tier):
             self._warn_once("read", "disk cache %s cannot be read (%s); reading the origin", self.directory, exc)
             return self._miss()
         if value is None:
-            return self._miss()
-        self.stats.hits += 1
-        self.stats.bytes_read += len(value)
+            self.stats.misses += 1
+            self.recorder.maybe_flush()
+            return None
+        return self._hit(value)
+
+    def _hit(self, value: bytes) -> bytes:
+        stats = self.stats
+        stats.hits += 1
+        stats.bytes_read += len(value)
         self.recorder.maybe_flush()
         return value
 
@@ -186,14 +205,38 @@ class DiskTier(Tier):
 
     def contains_many(self, keys: Sequence[str]) -> list[bool]:
         """:meth:`contains` of each key; format "packed": one read transaction for all."""
+        pending = self._pending
+        buffered = [pending.get(k) is not None for k in keys] if pending else None  # looked at first
         try:
-            return self.store.contains_many(keys)
+            found = self.store.contains_many(keys)
         except OSError as exc:
             self._warn_once("read", "disk cache %s cannot be read (%s); reading the origin", self.directory, exc)
-            return [False] * len(keys)
+            found = [False] * len(keys)
+        return found if buffered is None else [f or b for f, b in zip(found, buffered)]
 
     def put(self, key: str, value: bytes) -> bool:
         return self.put_many([(key, value)])[0]
+
+    def put_later(self, key: str, value: bytes) -> None:
+        """Store ``value`` as :meth:`put` does, in a batch with other puts (NOTE [write-behind]).
+
+        This process sees the entry at once, other processes once it is flushed (64 entries,
+        0.2 s, :meth:`flush_puts`, close, fork or exit). Objects of 1 MiB and more, and
+        format "files", are stored at once.
+        """
+        if len(value) >= self._defer_below:
+            self.put(key, value)
+        elif self._passthrough:
+            self.stats.rejected += 1
+        else:
+            self._pending.add(key, value, self._store_deferred)
+
+    def _store_deferred(self, items: list[tuple[str, bytes]]) -> None:
+        self.put_many(items)
+
+    def flush_puts(self) -> None:
+        """Commit this process's buffered puts into the directory (NOTE [write-behind])."""
+        self._pending.flush()
 
     def put_many(self, items: Iterable[tuple[str, bytes]]) -> list[bool]:
         """Store many entries, each as :meth:`put`; format "packed": one write transaction for
@@ -214,8 +257,14 @@ class DiskTier(Tier):
             except OSError as exc:
                 self._fault(exc, len(group))
                 continue
+            stats = self.stats
             for i, (status, n) in zip(group, stored):
-                results[i] = self._admitted(status, len(items[i][1]), n)
+                if status == "stored":  # the common case, inline: a batch of 64 at a time
+                    stats.puts += 1
+                    stats.bytes_written += len(items[i][1])
+                    results[i] = True
+                else:
+                    results[i] = self._admitted(status, len(items[i][1]), n)
         self.recorder.maybe_flush()
         return results
 
@@ -227,7 +276,7 @@ class DiskTier(Tier):
         if status == "exists":
             return True
         if status == "full" and not self._passthrough:
-            self._exhausted(self.read_used(), n)
+            self._exhausted(self.store.used(), n)
         else:
             self.stats.rejected += 1
         return False
@@ -268,12 +317,14 @@ class DiskTier(Tier):
             logger.warning(msg, *args)
 
     def delete(self, key: str) -> None:
+        self._pending.discard(key)
         try:
             self.store.drop(key)
         except (OSError, LockTimeout) as exc:
             self._warn_once("drop", "disk cache %s: cannot delete %s (%s)", self.directory, key, exc)
 
     def keys(self) -> Iterator[str]:
+        self.flush_puts()
         return self.store.keys()
 
     def lock(self, key: str, timeout: float) -> contextlib.AbstractContextManager[bool]:
@@ -292,6 +343,7 @@ class DiskTier(Tier):
             yield got
 
     def close(self) -> None:
+        self.flush_puts()
         self.recorder.flush()
         try:
             self.store.flush()
@@ -303,32 +355,39 @@ class DiskTier(Tier):
     def entries(self) -> Iterator[Found]:
         """fastload's entries: format "files": its entry files; "packed": one per record
         (the large objects' pointers included), named by the digest's hex."""
+        self.flush_puts()
         return self.store.entries()
 
     def read_used(self) -> int:
-        """Bytes of the entries, as counted against the budget."""
+        """Bytes of the entries, as counted against the budget (buffered puts committed first)."""
+        self.flush_puts()
         return self.store.used()
 
     # -- the `fastload cache` commands (see fastload.cache.maintenance) -----------------
 
     def rescan(self) -> tuple[int, int]:
         """Recount entries and bytes from the files, store the count; (entries, bytes)."""
+        self.flush_puts()
         return maintenance.rescan(self)
 
     def verify(self, *, drop: bool = False) -> maintenance.CorruptReport:
         """Check every entry; name the corrupt ones (deleted if ``drop``) and the foreign names."""
+        self.flush_puts()
         return maintenance.verify(self, drop=drop)
 
     def clear(self) -> maintenance.ClearReport:
         """Delete every entry and stale temporary file of fastload's; report what was left alone."""
+        self.flush_puts()
         return maintenance.clear(self)
 
     def summary(self) -> dict[str, Any]:
         """Entries, bytes, budget, format and the counters recorded by every process (for ``cache stats``)."""
+        self.flush_puts()
         return maintenance.summary(self)
 
     def recorded_stats(self) -> TierStats:
         """The counters every process has recorded in ``stats.json`` (plus this one's unflushed)."""
+        self.flush_puts()
         return maintenance.recorded_stats(self)
 
 

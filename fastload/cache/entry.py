@@ -120,6 +120,13 @@ def encode_packed(key: str, value: bytes) -> bytes:
     return _PACKED.pack(PACKED_MAGIC, len(raw), len(value), xxhash.xxh64_intdigest(value)) + raw + value
 
 
+def packed_item(key: str, value: bytes) -> tuple[bytes, bytes]:
+    """(:func:`packed_digest`, :func:`encode_packed`) of ``key`` and ``value``, the key encoded once."""
+    raw = _key_bytes(key)
+    header = _PACKED.pack(PACKED_MAGIC, len(raw), len(value), xxhash.xxh64_intdigest(value))
+    return xxhash.xxh3_128_digest(raw), header + raw + value
+
+
 def packed_header(blob: bytes | memoryview) -> tuple[str, int, int, int]:
     """(key, size, xxh64, start of the value) of a packed record; CorruptEntry if unreadable."""
     if len(blob) < PACKED_PREFIX:

@@ -21,12 +21,14 @@ tier, for instance) reads return the derived values (NOTE [derived entries]).
 
 from __future__ import annotations
 
+import os
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 from fsspec.implementations.chained import ChainedFileSystem
+from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFile
 
 from fastload.cache.build import open_cache
@@ -79,6 +81,7 @@ class FastloadCacheFileSystem(ChainedFileSystem):
                 "from fastload.data.transcode, or drop 'transcode' to read the original bytes"
             )
         self.versions: MutableMapping[str, str] | None = None
+        self._local = type(self.fs) is LocalFileSystem and os.sep == "/"
 
     @classmethod
     def over(
@@ -93,6 +96,8 @@ class FastloadCacheFileSystem(ChainedFileSystem):
         return view
 
     def _target_path(self, path: str) -> str:
+        if self._local and path[:1] == "/" and path[-1:] != "/":
+            return path  # what both strips return for an absolute POSIX path (the hot path)
         return self.fs._strip_protocol(self._strip_protocol(path))
 
     def cat_file(

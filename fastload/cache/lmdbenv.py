@@ -75,6 +75,8 @@ class Env:
     meta: object
     marks: SyncMarks
     mutex: threading.Lock = field(default_factory=threading.Lock)
+    inherited: bool = False
+    """True in a forked child: the parent's, closed or abandoned there; open this process's own."""
 
     def commit(self, write: Callable[[lmdb.Transaction], T], *, flush: bool = False) -> T:
         """Run ``write(txn)`` in one write transaction; its result. The store is marked before
@@ -111,6 +113,7 @@ _ABANDONED: list[object] = []  # never closed (see NOTE): a write was in flight 
 def _close_after_fork() -> None:
     """In a forked child: close the parent's environments (NOTE [one LMDB environment per process])."""
     for held in _ENVS.values():
+        held.inherited = True
         if held.mutex.acquire(blocking=False):
             try:
                 held.env.close()

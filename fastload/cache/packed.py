@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -110,7 +109,6 @@ class PackedStore:
         self.path = cache_dir.packed_path()
         self._atimes: dict[bytes, int] = {}
         self._atimes_at = time.monotonic()
-        self._pid = -1
         self._env = self._open(check=True)
 
     # -- the environment -----------------------------------------------------------------
@@ -121,11 +119,10 @@ class PackedStore:
         held, remade = open_env(self.cache_dir, check=check)
         if remade:
             self._reindex_files(held)
-        self._pid = os.getpid()
         return held
 
     def _held(self) -> Env:
-        if self._pid != os.getpid():  # a forked child: its own environment, no checks
+        if self._env.inherited:  # a forked child: its own environment, no checks
             self._atimes.clear()
             self._env = self._open(check=False)
         return self._env
@@ -223,19 +220,23 @@ class PackedStore:
             now = _NANOS.pack(time.time_ns())
             out: list[Status] = []
             full = False
+            entries, lru = held.entries, self.lru
             for d, rec in records:
-                if txn.get(d, db=held.entries) is not None:
+                n = len(rec) if rec[:4] != FILE_MAGIC else accounted(rec)  # accounted(), inline
+                if full or used + n > budget:
+                    if txn.get(d, db=entries) is not None:
+                        out.append("exists")
+                        continue
+                    if lru and n <= budget:
+                        used = self._evict(held, txn, used, n, budget)
+                    if full or used + n > budget:
+                        out.append("oversized" if n > budget else "full")
+                        full = full or (n <= budget and not lru)
+                        continue
+                if not txn.put(d, rec, db=entries, overwrite=False):  # one lookup, not two
                     out.append("exists")
                     continue
-                n = accounted(rec)
-                if used + n > budget and self.lru and n <= budget:
-                    used = self._evict(held, txn, used, n, budget)
-                if full or used + n > budget:
-                    out.append("oversized" if n > budget else "full")
-                    full = full or (n <= budget and not self.lru)
-                    continue
-                txn.put(d, rec, db=held.entries)
-                if self.lru:
+                if lru:
                     txn.put(d, now, db=held.atimes)
                 used += n
                 out.append("stored")

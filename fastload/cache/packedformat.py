@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import cast
 
 from fastload.cache import entry
 from fastload.cache.cachedir import CacheDir
@@ -75,7 +74,7 @@ class PackedFormatStore:
             raise Damaged(str(exc), self.records.path) from None
         if value is IN_FILE:
             return read_file(self.files, key)
-        return cast("bytes | None", value)
+        return value  # type: ignore[return-value]  # bytes or None
 
     def contains_many(self, keys: Sequence[str]) -> list[bool]:
         """One read transaction for all (and a header read per large object's file)."""
@@ -92,7 +91,7 @@ class PackedFormatStore:
         out: list[tuple[Status, int]] = [("full", 0)] * len(items)
         small = [i for i, (_, value) in enumerate(items) if len(value) < FILE_MIN]
         if small:
-            records = [(entry.packed_digest(items[i][0]), entry.encode_packed(*items[i])) for i in small]
+            records = [entry.packed_item(*items[i]) for i in small]
             for i, status, (_, rec) in zip(small, self.records.put_many(records, budget), records):
                 out[i] = (status, len(rec))
         for i, (key, value) in enumerate(items):

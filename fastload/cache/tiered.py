@@ -5,7 +5,10 @@ A read looks in each tier in turn; a hit in a lower tier is written to the tiers
 process wait for each other per key, and processes wait on the per-key lock of the widest
 tier that offers one (the disk tier's file lock), then find the object there. Keys carry the
 object's version (NOTE [cache keys]). A cache made with :meth:`TieredCache.deriving` caches
-a value derived from each object instead of its bytes (NOTE [derived entries]).
+a value derived from each object instead of its bytes. What is stored for bytes read from
+the origin is decided in :mod:`.fills` (NOTE [fetch-time version check], NOTE [derived
+entries]); puts made without a fetch lock are written behind (NOTE [write-behind] in
+:mod:`.writebehind`).
 
 Example::
 
@@ -22,67 +25,26 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from typing import Literal
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from fastload.cache.config import CacheConfig
+from fastload.cache.fills import Derivation, Fill, FillRules
 from fastload.cache.forks import after_fork
-from fastload.cache.keys import derived_key, make_key
 from fastload.cache.tier import KeyLocking, Tier, TierStats
-from fastload.errors import CacheError
-from fastload.io.errors import storage_errors
+from fastload.cache.writebehind import DefersPuts
+from fastload.io.errors import storage_error, storage_errors
 from fastload.io.origin import read_local, read_whole
-from fastload.io.versions import local_version, version_of, version_size
+from fastload.io.versions import local_version, version_of
 
 logger = logging.getLogger(__name__)
 
 Outcome = Literal["hit", "fetched", "rejected"]
 
-
-class Derivation(Protocol):
-    """A named bytes -> bytes function whose values a cache stores (NOTE [derived entries]).
-
-    ``tag`` names the function and every parameter that changes its output (it goes into
-    the key); calling it raises ``ValueError`` when the bytes cannot be derived. It must
-    pickle (the cache travels into worker processes).
-    Example: :class:`fastload.data.transcode.Transcode`.
-    """
-
-    @property
-    def tag(self) -> str: ...
-
-    def __call__(self, data: bytes) -> bytes: ...
-
-
-# NOTE [derived entries]
-# A cache made with `TieredCache.deriving(derive)` reads an object from the origin as usual
-# (same version checks), stores `derive(bytes)` under the derived key (keys.derived_key:
-# the object's key plus derive.tag) and serves that; the original bytes are not stored under
-# their own key by such a read. Every other promise holds as for plain entries, because the
-# derived key simply takes the plain key's place: per-key single flight across threads and
-# processes, checksummed entries, budgets and policies, the prefetcher and `cache warm`
-# filling exactly the entries readers look up. Bytes the derivation rejects (ValueError: a
-# corrupt image) are served as they are and not stored at all, so the reader reports them
-# as it would without the derivation (ImageFolder: CorruptSampleError); this process
-# remembers them, so `ensure` (prefetch, warm) does not fetch them again and raises.
-
-
-@dataclass(frozen=True, slots=True)
-class Fill:
-    """Bytes read from the origin, checked and ready to store (:meth:`TieredCache.prepare`).
-
-    ``key`` is where to store ``value`` (the bytes, or their derived value), or None when it
-    must be served but not stored (it changed since its listing: NOTE [fetch-time version
-    check]); ``underivable`` says why the derivation rejected the bytes, if it did.
-    """
-
-    key: str | None
-    value: bytes
-    underivable: str | None = None
+__all__ = ["Derivation", "Fill", "Outcome", "TieredCache"]
 
 
 class TieredCache:
@@ -109,15 +71,16 @@ class TieredCache:
         self.tiers = list(tiers)
         self.config = config or CacheConfig(tiers=tuple(self.tiers))
         self.derive = derive
-        self._underivable: dict[str, str] = {}  # derived key -> why derive rejected its bytes
+        self._rules = FillRules(derive)
         lockers = [t for t in self.tiers if isinstance(t, KeyLocking)]
         self._locker: KeyLocking | None = lockers[-1] if lockers else None
+        # NOTE [write-behind]: how a put without a fetch lock reaches each tier
+        self._puts_later: list[Callable[[str, bytes], object]] = [
+            t.put_later if isinstance(t, DefersPuts) else t.put for t in self.tiers
+        ]
         self._mutex = threading.Lock()
         self._inflight: dict[str, threading.Event] = {}
         after_fork(self, TieredCache._reset_after_fork)  # NOTE [locks across fork]
-        self.origin_reads = 0
-        self.origin_bytes = 0
-        self._warned: set[str] = set()  # URLs whose bytes changed since their listing
 
     def _reset_after_fork(self) -> None:
         """In a forked child: no fetch of the parent's threads is in flight here."""
@@ -148,12 +111,22 @@ class TieredCache:
         """Each tier's counters in this process, by tier name."""
         return {t.name: t.stats for t in self.tiers}
 
+    @property
+    def origin_reads(self) -> int:
+        """Objects this process fetched from the origin."""
+        return self._rules.reads
+
+    @property
+    def origin_bytes(self) -> int:
+        """Bytes this process fetched from the origin."""
+        return self._rules.bytes
+
     def key(self, fs: fsspec.AbstractFileSystem, path: str, version: str | None = None) -> str:
         """The cache key of ``path`` on ``fs``; without ``version`` it asks the origin (``info``).
 
         With a derivation, the key of the derived value (NOTE [derived entries]).
         """
-        return self._key(fs.unstrip_protocol(path), version or self.version(fs, path))
+        return self.key_of(fs.unstrip_protocol(path), version or self.version(fs, path))
 
     def key_of(self, url: str, version: str) -> str:
         """The cache key of the object at ``url`` (``fs.unstrip_protocol(path)``) and ``version``.
@@ -161,10 +134,7 @@ class TieredCache:
         :meth:`key` for callers that already hold the URL (no filesystem call); with a
         derivation, the key of the derived value.
         """
-        key = make_key(url, version)
-        return key if self.derive is None else derived_key(key, self.derive.tag)
-
-    _key = key_of
+        return self._rules.key_of(url, version)
 
     @staticmethod
     def version(fs: fsspec.AbstractFileSystem, path: str) -> str:
@@ -183,13 +153,15 @@ class TieredCache:
         :class:`~fastload.errors.ObjectNotFoundError` (a ``FileNotFoundError``) naming its URL.
         """
         version = version or self.version(fs, path)
-        key = self.key(fs, path, version)
+        url = url_of(fs, path)
+        key = self.key_of(url, version)
         for level, tier in enumerate(self.tiers):
             data = tier.get(key)
             if data is not None:
-                self._store(key, data, self.tiers[:level])
+                for put in self._puts_later[:level]:  # promotion: no lock held, written behind
+                    put(key, data)
                 return data
-        data, _ = self._fill(fs, path, version, self.tiers)
+        data, _ = self._fill(fs, path, url, version, self.tiers, later=True)
         return data
 
     def ensure(
@@ -209,25 +181,20 @@ class TieredCache:
         """
         targets = self._targets(shared_only)
         version = version or self.version(fs, path)
-        key = self.key(fs, path, version)
-        if key not in self._underivable:
+        url = url_of(fs, path)
+        key = self.key_of(url, version)
+        why = self._rules.underivable(key)
+        if why is None:
             if any(t.contains(key) for t in targets):
                 return "hit"
-            _, outcome = self._fill(fs, path, version, targets)
-            if key not in self._underivable:
+            _, outcome = self._fill(fs, path, url, version, targets)
+            why = self._rules.underivable(key)
+            if why is None:
                 return outcome
-        raise self._underivable_error(fs.unstrip_protocol(path), self._underivable[key])
+        raise self._rules.error(url, why)
 
     def _targets(self, shared_only: bool) -> list[Tier]:
         return [t for t in self.tiers if t.shared or not shared_only]
-
-    def _underivable_error(self, url: str, why: str) -> CacheError:
-        assert self.derive is not None
-        return CacheError(
-            f"cannot cache {url} as {self.derive.tag}: {why}. Nothing is stored for it and a "
-            "read serves its original bytes (ImageFolder reports a corrupt image as a corrupt "
-            "sample); replace or remove the object"
-        )
 
     # NOTE [batched fills]: `cache warm` fills the shared tiers a batch at a time, not with
     # `ensure` per object: one `contains_many` per tier for a batch of keys (resume), then
@@ -265,9 +232,9 @@ class TieredCache:
         derivation (CPU work: call it off any event loop); counts an origin read. Raises
         :class:`~fastload.errors.CacheError` when the derivation rejects the bytes.
         """
-        fill = self._prepare(url, version, data, read_version)
+        fill = self._rules.prepare(url, version, data, read_version)
         if fill.underivable is not None:
-            raise self._underivable_error(url, fill.underivable)
+            raise self._rules.error(url, fill.underivable)
         return fill
 
     def store_many(self, fills: Sequence[Fill], *, shared_only: bool = False) -> list[Outcome]:
@@ -290,16 +257,27 @@ class TieredCache:
         return outcomes
 
     def _fill(
-        self, fs: fsspec.AbstractFileSystem, path: str, version: str, targets: list[Tier]
+        self,
+        fs: fsspec.AbstractFileSystem,
+        path: str,
+        url: str,
+        version: str,
+        targets: list[Tier],
+        *,
+        later: bool = False,
     ) -> tuple[bytes, Outcome]:
-        """Fetch a missed object once (per key across threads and processes) into ``targets``."""
+        """Fetch a missed object once (per key across threads and processes) into ``targets``.
+
+        ``later``: the caller ignores the outcome, so a put without a fetch lock may be
+        written behind (NOTE [write-behind]); under a fetch lock it never is.
+        """
         if self.derive is None and isinstance(fs, LocalFileSystem):
             # NOTE [no fetch lock for local files]: the lock exists so that processes download
             # an object once; a local read costs less than taking it (a lock file's open and
             # flock: 25-500 us, more than a 1 KB read), and a second read of the same file
             # stores the same entry (puts are idempotent). A derivation's CPU work keeps it.
-            return self._fetch_and_store(fs, path, version, targets)
-        key = self.key(fs, path, version)
+            return self._fetch_and_store(fs, path, url, version, targets, later=later)
+        key = self.key_of(url, version)
         with self._mutex:
             event = self._inflight.get(key)
             owner = event is None
@@ -310,13 +288,14 @@ class TieredCache:
             found = self._recheck(key, targets)
             if found is not None:
                 return found, "hit"
-            return self._fetch_and_store(fs, path, version, targets)
+            return self._fetch_and_store(fs, path, url, version, targets)
         try:
             with self._process_lock(key):
                 found = self._recheck(key, targets)
                 if found is not None:
                     return found, "hit"
-                return self._fetch_and_store(fs, path, version, targets)
+                # stored at once (not later): the lock's waiters must find it when it is released
+                return self._fetch_and_store(fs, path, url, version, targets)
         finally:
             with self._mutex:
                 del self._inflight[key]
@@ -346,68 +325,34 @@ class TieredCache:
             yield
 
     def _fetch_and_store(
-        self, fs: fsspec.AbstractFileSystem, path: str, version: str, targets: list[Tier]
+        self,
+        fs: fsspec.AbstractFileSystem,
+        path: str,
+        url: str,
+        version: str,
+        targets: list[Tier],
+        *,
+        later: bool = False,
     ) -> tuple[bytes, Outcome]:
-        url = fs.unstrip_protocol(path)
-        with storage_errors("read", url):  # NOTE [storage errors] in fastload.io.errors
+        try:  # NOTE [storage errors] in fastload.io.errors (as storage_errors, inline: per object)
             if isinstance(fs, LocalFileSystem):
                 data, read_version = read_local(path, url)
             else:
                 data, read_version = read_whole(fs, path), None
-        fill = self._prepare(url, version, data, read_version)
-        if fill.key is None:
-            return fill.value, "fetched"
-        stored = self._store(fill.key, fill.value, targets)
-        return fill.value, "fetched" if stored or not targets else "rejected"
-
-    def _prepare(self, url: str, version: str, data: bytes, read_version: str | None) -> Fill:
-        with self._mutex:
-            self.origin_reads += 1
-            self.origin_bytes += len(data)
-        # NOTE [fetch-time version check]: bytes are stored only under the version they are.
-        keep: str | None = version
-        if read_version is not None and read_version != version:
-            self._changed(url, version, f"it is now version {read_version}")
-            keep = read_version
-        elif read_version is None and version_size(version) not in (None, len(data)):
-            self._changed(url, version, f"{len(data)} bytes were read")
-            keep = None  # served, not stored: the bytes' own version is unknown
-        if self.derive is not None:  # NOTE [derived entries]
-            derived = self._derived(url, version, data)
-            if derived is None:
-                return Fill(None, data, self._underivable[self._key(url, version)])
-            data = derived
-        return Fill(None if keep is None else self._key(url, keep), data)
-
-    def _derived(self, url: str, version: str, data: bytes) -> bytes | None:
-        """``derive(data)``, or None (remembered) when the derivation rejects the bytes."""
-        assert self.derive is not None
-        key = self._key(url, version)
-        if key in self._underivable:  # known to fail: spare the work
-            return None
-        try:
-            return self.derive(data)
-        except ValueError as exc:
-            with self._mutex:
-                first = key not in self._underivable
-                self._underivable[key] = str(exc)
-            if first:
-                logger.info(
-                    "%s: %s rejects its bytes (%s); serving them as they are, not cached",
-                    url, self.derive.tag, exc,
-                )
-            return None
-
-    def _changed(self, url: str, version: str, now: str) -> None:
-        with self._mutex:
-            first = url not in self._warned
-            self._warned.add(url)
-        (logger.warning if first else logger.debug)(
-            "%s changed since it was listed (version %s; %s): serving its current bytes, "
-            "never cached under the listed version. The loader revalidates at the next epoch "
-            "(ImageFolder.revalidate()); to stop this, do not rewrite a dataset while it is read",
-            url, version, now,
-        )
+        except Exception as exc:
+            converted = storage_error(exc, "read", url)
+            if converted is exc:
+                raise
+            raise converted from exc
+        key, value, _ = self._rules.check(url, version, data, read_version)
+        if key is None:
+            return value, "fetched"
+        if later and targets is self.tiers:  # NOTE [write-behind]: no fetch lock is held
+            for put in self._puts_later:
+                put(key, value)
+            return value, "fetched"
+        stored = self._store(key, value, targets)
+        return value, "fetched" if stored or not targets else "rejected"
 
     @staticmethod
     def _store(key: str, data: bytes, tiers: Sequence[Tier]) -> bool:
@@ -422,16 +367,13 @@ class TieredCache:
             tier.close()
 
 
-# NOTE [fetch-time version check]
-# A cache key says which version of an object its bytes are (NOTE [cache keys]); an object
-# rewritten after it was listed must not have its new bytes stored under the old version's
-# key, where they would be served for that version forever. For a local file the version of
-# the bytes read is known exactly: fstat of the open file before and after the read (equal:
-# nothing wrote in between), so they are stored under their own version, and the read is
-# retried when a writer was active. Remote stores answer a GET without the version fastload
-# can see, so only the size is checked: a size that differs from the listed one is served
-# but not cached. A same-size rewrite between the listing and the fetch is not detected
-# there (docs/reliability.md says what that means).
+def url_of(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """``fs.unstrip_protocol(path)``, without its path normalisation for an absolute POSIX
+    path of the local filesystem (already normal: the read path's case, once per read)."""
+    if type(fs) is LocalFileSystem and path[:1] == "/" and path[-1:] != "/" and os.sep == "/":
+        return "file://" + path
+    return fs.unstrip_protocol(path)
+
 
 def _rebuild(
     tiers: list[Tier], config: CacheConfig, derive: Derivation | None = None
