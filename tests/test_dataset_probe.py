@@ -635,3 +635,24 @@ def test_kept_samples_follow_torchs_fetch_for_any_batch_of_indices(tmp_path):
     unbatched = fastload.DataLoader(Logged(tmp_path / "single.log", n=12), batch_size=None)
     assert [int(x[0]) for x in unbatched] == list(range(12))
     assert fetches(tmp_path / "single.log") == dict.fromkeys(range(12), 1)
+
+
+class Cheap(Dataset):
+    """A sample costs well under a microsecond's worth of checking per batch to serve."""
+
+    def __len__(self) -> int:
+        return 200_000
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def test_in_process_reuse_only_where_it_pays():
+    # 8 samples of ~1 us saved against 200,000 batches checked for them (~0.76 us each).
+    loader = fastload.DataLoader(Cheap(), batch_size=1)
+    assert loader.num_workers == 0 and loader.settings.probe.kept.held == 0
+    assert "looking for them in every batch would cost more" in loader.settings.probe.summary()
+    from fastload.tuning.reuse import KeptSamples
+
+    kept = KeptSamples({0: pickle.dumps(0)}, fetch_s=0.010)
+    assert kept.pays(1000, 32) and not kept.pays(100_000, 32)

@@ -177,7 +177,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self.state = LoaderState(owns_sampler=own_sampler is not None)
         self._declared = declared
         self._feeder = feeder
-        self._kept = kept
+        self._kept = first_epoch.planned(self, kept)
         self.meter: StarvationMeter | None = _attach_meter(meter, self, settings, target, feeder)
         self._choice = choice
         self._engine = _build_engine(choice, self, settings, target)

@@ -13,9 +13,13 @@ samples. Here the loader hands them over once, on its first iteration:
   start. Once the epoch's iterator exists the main process drops them, so workers started
   later (the next epoch's, or after a re-tune) never get them.
 
+In-process they are kept only where serving pays (:meth:`KeptSamples.pays`): the main
+process looks for kept indices in every batch until all are served.
+
 Example::
 
-    >>> make = epoch_maker(loader, loader.settings.probe.kept)
+    >>> kept = planned(loader, loader.settings.probe.kept)   # when the loader is built
+    >>> make = epoch_maker(loader, kept)
     >>> inner = make()          # engine.epoch(), serving the kept samples
 """
 
@@ -28,6 +32,25 @@ from fastload.tuning.reuse import KeptSamples
 
 if TYPE_CHECKING:
     from fastload.loader.dataloader import DataLoader
+
+
+def planned(loader: DataLoader, samples: KeptSamples | None) -> KeptSamples | None:
+    """The samples the first epoch will serve: ``samples``, unless in-process serving would
+    cost more than it saves (then dropped, and the probe's line says so)."""
+    if samples is None or not samples.held or loader.num_workers > 0:
+        return samples
+    try:
+        batches = len(loader)
+    except Exception:  # noqa: BLE001 - a sampler without a (working) length: the cost is unknown
+        batches = None
+    size = loader.batch_size or 1
+    if batches is None or not samples.pays(batches, size):
+        samples.drop(
+            f"samples fetched again: in-process, looking for them in every batch would cost "
+            f"more than the {samples.fetch_s * 1e3:.2f} ms they took"
+        )
+        return None
+    return samples
 
 
 def epoch_maker(loader: DataLoader, samples: KeptSamples | None) -> Callable[[], Iterator[Any]]:

@@ -241,7 +241,9 @@ def probe_dataset(
     )
     refetch = _refetch_reason(dataset, facts, fetched, warned=len(caught))
     if refetch is None:
-        return result(kept=KeptSamples(fetched.blobs, fingerprint(dataset), capped=fetched.capped))
+        kept = KeptSamples(fetched.blobs, fingerprint(dataset), capped=fetched.capped,
+                           fetch_s=sum(fetched.wall[i] for i in fetched.blobs))
+        return result(kept=kept)
     return result(refetch=refetch)
 
 
