@@ -56,9 +56,16 @@ import torch
 from torch.utils.data import ChainDataset, ConcatDataset, Dataset, IterableDataset, Subset
 
 from fastload.errors import ConfigError
+
 # Re-exported: `fastload.settings.Machine` (and the two probes) keep working.
 from fastload.machine import Machine, local_world_size, usable_cpu_cores  # noqa: F401
-from fastload.tuning import DatasetProbe, choose_workers, probe_dataset, retune_workers, start_method
+from fastload.tuning import (
+    DatasetProbe,
+    choose_workers,
+    probe_dataset,
+    retune_workers,
+    start_method,
+)
 from fastload.tuning.workers import MIN_SAMPLE_S, available_memory
 
 logger = logging.getLogger(__name__)
@@ -139,7 +146,7 @@ def worker_safety(dataset: Dataset) -> WorkerSafety:
     """Decide NOTE [auto never changes the batches] for one dataset."""
     try:
         declared = getattr(dataset, WORKER_SAFE_ATTR, None)
-    except Exception:  # a __getattr__ that raises for any name: nothing declared
+    except Exception:  # noqa: BLE001 - a __getattr__ that raises for any name: nothing declared
         declared = None
     if declared is not None:
         return WorkerSafety(bool(declared), f"{type(dataset).__name__} declares {WORKER_SAFE_ATTR}={bool(declared)}")
