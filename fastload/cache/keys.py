@@ -10,7 +10,7 @@ share one cache directory. The version is revalidated once per epoch by the load
 (docs/reliability.md, "Consistency model").
 
 A value *derived* from an object (a transcoded image: NOTE [derived entries] in
-:mod:`fastload.cache.tiered`) is stored under ``"<url>#v=<version>#derived=<tag>"``
+:mod:`fastload.cache.fills`) is stored under ``"<url>#v=<version>#derived=<tag>"``
 (:func:`derived_key`): the object's own key plus the derivation's tag, which names the
 derivation and all its parameters. A derived entry never collides with the original's, a
 changed object gets new derived keys too, and changed parameters never find old entries.

@@ -6,7 +6,7 @@ interrupted one fetches only what is missing. With ``shard=(i, n)`` node ``i`` o
 warms every n-th object, so n nodes (each with its own disk) split a dataset. With
 ``derive`` (a transcoded tier: ``derive=Transcode(max_side=256)`` from
 :mod:`fastload.data.transcode`) it fills the derived entries, under the keys the readers of a
-cache with that derivation look up (NOTE [derived entries] in :mod:`fastload.cache.tiered`).
+cache with that derivation look up (NOTE [derived entries] in :mod:`fastload.cache.fills`).
 
 Reads run concurrently the way the storage serves them fastest and downloads are stored in
 batches (NOTE [warm pipeline] in :mod:`fastload.cache.warm_pipeline`). A warm stops early

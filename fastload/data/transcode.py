@@ -4,7 +4,7 @@ Opt-in, and it changes pixels. With ``cache={"disk": "/nvme/fastload", "transcod
 {"max_side": 256, "quality": 90}}`` an ``ImageFolder`` caches each image re-encoded by
 :class:`Transcode` instead of its original bytes (FFCV's max-resolution trick): decoding a
 256-pixel JPEG in later epochs costs a fraction of decoding a multi-megapixel original. The
-cache knows only a named derivation (NOTE [derived entries] in :mod:`fastload.cache.tiered`):
+cache knows only a named derivation (NOTE [derived entries] in :mod:`fastload.cache.fills`):
 entries are keyed by the object's key plus :attr:`Transcode.tag`, so they never collide with
 original entries and other parameters never find them. ``fastload cache warm URL --cache DIR
 --transcode 256`` fills the same entries.

@@ -1,7 +1,8 @@
 """The torch engine: torch's own DataLoader iterator, worker processes and all.
 
-This is the only module of fastload that touches torch's DataLoader internals (its
-``_iterator``, the persistent iterator torch keeps between epochs). Everything torch does
+With ``fastload/meter/workers.py`` (the workers' fetcher hook) and ``fastload/loader/first_epoch.py``
+this is all of fastload that touches torch's DataLoader internals (here its ``_iterator``,
+the persistent iterator torch keeps between epochs; docs/design.md lists each use). Everything torch does
 stays torch's: worker processes, their seeds, pinning, ``timeout``, ``in_order``.
 
 Example::

@@ -65,7 +65,7 @@ class Fetched:
     """One finished read: the bytes, or the error (a fastload error naming the URL).
 
     ``version`` is the version of the bytes read where the read knows it (local files:
-    NOTE [fetch-time version check] in :mod:`fastload.cache.tiered`), else None.
+    NOTE [fetch-time version check] in :mod:`fastload.cache.fills`), else None.
     """
 
     path: str
