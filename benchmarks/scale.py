@@ -65,7 +65,8 @@ def make_links(n: int, classes: int = 1000) -> Path:
         (root / f"n{c:08d}").mkdir(exist_ok=True)
     for i in range(n):
         if i % LINKS_PER_SOURCE == 0:  # ext4 allows 65,000 links to one inode
-            source = DATA / f"scale-source-{i // LINKS_PER_SOURCE}.jpg"
+            source = DATA / f"scale-{n}.sources" / f"{i // LINKS_PER_SOURCE}.jpg"  # its own
+            source.parent.mkdir(exist_ok=True)
             if not source.exists():
                 Image.fromarray(pixels).save(source, quality=85)
         target = root / f"n{i % classes:08d}" / f"img_{i:08d}.JPEG"
@@ -229,7 +230,7 @@ def measure_remote(args: argparse.Namespace) -> list[tuple[str, float, int]]:
             with moto_dataset(root, args.latency_ms) as (url, options):
                 rows.append(_warm_remote(f"moto S3 + {args.latency_ms:g} ms", url, options, tmp, args))
                 rows.append(_warm_remote("moto S3, no added latency", url.removeprefix("latency::"),
-                                         options["s3"], tmp + "-plain", args))
+                                         options["s3"], os.path.join(tmp, "plain"), args))
     return rows
 
 
@@ -318,13 +319,16 @@ def main() -> None:
     import logging
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    results = [measure_n(int(n), args) for n in args.sizes.split(",")]
+    results = []
+    for n in args.sizes.split(","):  # each N's table as soon as it is measured
+        results.append(measure_n(int(n), args))
+        if not args.json:
+            print_n(results[-1], args)
+            sys.stdout.flush()
     remote = measure_remote(args)
     if args.json:
         print(json.dumps({"sizes": results, "remote": remote}, indent=1))
         return
-    for r in results:
-        print_n(r, args)
     if remote:
         print(f"\nwarm from a remote store, {args.remote_jobs} in flight "
               f"(targets: >= 1,000 objects/s at 15 ms; >= 5,000/s local):")
