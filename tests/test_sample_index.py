@@ -123,6 +123,10 @@ def test_decoding_checks_labels_offsets_and_order():
     assert encode(meta, ok).startswith(MAGIC)
 
 
+def as_targets(pairs):
+    return [label for _, label in pairs]
+
+
 def test_samples_and_targets_are_read_only_views_that_behave_like_lists(jpeg_root):
     ds = ImageFolder(jpeg_root, size=16)
     samples, targets = ds.samples, ds.targets
@@ -135,6 +139,9 @@ def test_samples_and_targets_are_read_only_views_that_behave_like_lists(jpeg_roo
     assert targets == [label for _, label in as_list] and list(targets) == ds.index.labels.tolist()
     assert json.loads(json.dumps(as_list)) == [list(s) for s in as_list]
     assert samples != as_list[:-1] and targets != []
+    extra = [("x.jpg", 0)]
+    assert samples + extra == as_list + extra and extra + samples == extra + as_list  # new lists
+    assert isinstance(samples + extra, list) and targets + [1] == [*as_targets(as_list), 1]
     with pytest.raises(ConfigError, match="read-only"):
         ds.samples = as_list[:4]
     with pytest.raises(ConfigError, match="read-only"):

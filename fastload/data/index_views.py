@@ -57,6 +57,17 @@ class _View(Sequence):
             return NotImplemented
         return len(other) == len(self) and all(a == b for a, b in zip(self, other))
 
+    def __add__(self, other: object) -> list[Any]:
+        """``ds.samples + [...]``: a new list, as torchvision's list would give."""
+        if not isinstance(other, (list, tuple, _View)):
+            return NotImplemented
+        return [*self, *other]
+
+    def __radd__(self, other: object) -> list[Any]:
+        if not isinstance(other, (list, tuple)):
+            return NotImplemented
+        return [*other, *self]
+
     def __repr__(self) -> str:
         n = len(self)
         shown = ", ".join(repr(self._item(k)) for k in range(min(n, 3)))
