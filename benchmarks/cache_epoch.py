@@ -34,9 +34,9 @@ import torch.utils.data
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fastload import DataLoader, ImageFolder  # noqa: E402
-from fastload.testing.synthetic import make_jpeg_folder  # noqa: E402
-from tests.fixtures.s3 import DUMMY_ENV, S3Server, upload_folder  # noqa: E402
+from fastload import DataLoader, ImageFolder
+from fastload.testing.synthetic import make_jpeg_folder
+from tests.fixtures.s3 import DUMMY_ENV, S3Server, upload_folder
 
 
 def _serve_s3(conn) -> None:
@@ -60,13 +60,22 @@ def remote_dataset(images: int, latency_ms: float, origin: str = "s3") -> Iterat
     if origin == "file":
         yield f"latency::file://{local}", {"latency": {"latency": latency_ms / 1000}}
         return
+    with served_folder(local, f"s3://cache-bench-{images}/train", latency_ms) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def served_folder(local: Path, bucket_url: str, latency_ms: float) -> Iterator[tuple[str, dict]]:
+    """``local`` uploaded to ``bucket_url`` on moto S3 (in a process of its own) behind
+    ``latency::``: the URL and its storage options."""
+    os.environ.update(DUMMY_ENV)
     ctx = multiprocessing.get_context("fork")
     here, there = ctx.Pipe()
     proc = ctx.Process(target=_serve_s3, args=(there,), daemon=True)
     proc.start()
     _, options = here.recv()
     try:
-        url = upload_folder(options, local, f"s3://cache-bench-{images}/train")
+        url = upload_folder(options, local, bucket_url)
         yield f"latency::{url}", {"latency": {"latency": latency_ms / 1000}, "s3": options}
     finally:
         here.send("stop")

@@ -27,7 +27,6 @@ loader), so a 1M row reports rates over that subset; the per-file tier warms at 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -35,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -234,27 +232,11 @@ def measure_remote(args: argparse.Namespace) -> list[tuple[str, float, int]]:
     return rows
 
 
-@contextlib.contextmanager
-def moto_dataset(root: Path, latency_ms: float) -> Iterator[tuple[str, dict]]:
-    """``root`` uploaded to moto S3 (in a process of its own, as cache_epoch.py runs it)."""
-    import multiprocessing
+def moto_dataset(root: Path, latency_ms: float):
+    """``root`` on moto S3 behind ``latency::``, served as cache_epoch.py serves its set."""
+    from cache_epoch import served_folder
 
-    from cache_epoch import _serve_s3
-
-    from tests.fixtures.s3 import DUMMY_ENV, upload_folder
-
-    os.environ.update(DUMMY_ENV)
-    ctx = multiprocessing.get_context("fork")
-    here, there = ctx.Pipe()
-    proc = ctx.Process(target=_serve_s3, args=(there,), daemon=True)
-    proc.start()
-    _, options = here.recv()
-    try:
-        url = upload_folder(options, root, f"s3://scale-{root.name}/train")
-        yield f"latency::{url}", {"latency": {"latency": latency_ms / 1000}, "s3": options}
-    finally:
-        here.send("stop")
-        proc.join(10)
+    return served_folder(root, f"s3://scale-{root.name}/train", latency_ms)
 
 
 def _warm_remote(label: str, url: str, options: dict, cache: str, args) -> tuple[str, float, int]:

@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Iterator, MutableMapping, Sequence
 from typing import Any, overload
 
@@ -34,8 +35,9 @@ class _View(Sequence):
     def __init__(self, index: DatasetIndex) -> None:
         self.index = index
 
+    @abc.abstractmethod
     def _item(self, i: int) -> Any:
-        raise NotImplementedError
+        """Item ``i`` of the view (a subclass says what one is)."""
 
     def __len__(self) -> int:
         return len(self.index)
