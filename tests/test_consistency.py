@@ -1,6 +1,7 @@
-"""The consistency model of cached datasets (docs/reliability.md): versions revalidated once
-per epoch, rewrites seen through the cache, local rewrites that keep size and mtime, and
-bytes never stored under a version they are not, locally and on S3 (moto)."""
+"""The consistency model of cached datasets (docs/reliability.md): a stat per local read,
+remote versions revalidated once per epoch, rewrites seen through the cache, local rewrites
+that keep size and mtime, and bytes never stored under a version they are not, locally and
+on S3 (moto)."""
 
 from __future__ import annotations
 
@@ -52,18 +53,40 @@ def test_a_file_rewritten_between_epochs_is_read_anew_through_the_cache(
     root, tmp_path, workers, caplog
 ):
     ds = ImageFolder(root, size=32, cache=tmp_path / "cache")
+    assert ds.reads_current_versions
     loader = DataLoader(ds, batch_size=4, num_workers=workers, persistent_workers=workers > 0)
     first = _images(loader)
+    kept = loader._iterator
     path = ds.samples[0][0]
+    listed = ds.index.version(0)
     Path(path).write_bytes(Path(ds.samples[5][0]).read_bytes())  # a new file, another image
     second = _images(loader)
     fresh = ImageFolder(root, size=32)  # no cache: what the origin holds now
     assert torch.equal(second[0], fresh[0][0])
     assert not torch.equal(second[0], first[0])
     assert torch.equal(second[1:], first[1:])
-    assert "1 of 8 images changed" in caplog.text
+    # NOTE [a stat per local read]: each read stats its file, so the loader listed nothing
+    # (the index keeps the listed version) and kept its persistent workers
+    assert ds.index.version(0) == listed != local_version(os.stat(path))
+    assert "images changed" not in caplog.text and "restarted" not in caplog.text
     if workers:
-        assert "restarted the loader's persistent workers" in caplog.text
+        assert loader._iterator is kept and kept is not None
+
+
+@pytest.mark.timeout(60)
+def test_a_cached_local_file_rewritten_or_deleted_is_never_served_with_its_old_bytes(root, tmp_path):
+    ds = ImageFolder(root, size=32, cache=tmp_path / "cache")
+    old = ds.read_bytes(0)
+    assert ds.read_bytes(0) == old  # cached now, in memory and on disk
+    new = _same_size_other_image(ds, 0, 5)
+    path = ds.samples[0][0]
+    _rewrite(path, new, keep_times=True)  # same size, same mtime: only ctime tells
+    assert ds.read_bytes(0) == new  # within the epoch, no revalidation
+    disk, url = ds.cache.tiers[-1], ds.storage.fs.unstrip_protocol(path)
+    assert disk.contains(make_key(url, local_version(os.stat(path))))
+    os.remove(path)
+    with pytest.raises(ObjectNotFoundError, match=f"{path}.*index 0"):
+        ds.read_bytes(0)
 
 
 @pytest.mark.timeout(120)
@@ -106,7 +129,7 @@ def test_a_local_file_rewritten_after_its_listing_is_never_cached_under_the_old_
     _rewrite(path, new, keep_times=True)  # after the listing, before the first read
     with caplog.at_level(logging.WARNING, logger="fastload"):
         assert ds.read_bytes(0) == new
-    assert f"{path} changed since it was listed" in caplog.text
+    assert "changed since" not in caplog.text  # read at its own version: nothing to warn of
     disk, url = ds.cache.tiers[-1], ds.storage.fs.unstrip_protocol(path)
     assert not disk.contains(make_key(url, listed))
     assert disk.contains(make_key(url, local_version(os.stat(path))))
@@ -126,8 +149,9 @@ def test_a_file_deleted_between_epochs_is_named_or_skipped(root, tmp_path, on_er
     else:
         assert len(_images(loader)) == 7
         assert [s.path for s in loader.skipped] == [gone]
-    assert "1 of 8 images were deleted" in caplog.text
+    assert "images were deleted" not in caplog.text  # a local dataset is not listed again
     assert len(ds) == 8  # the sample set is fixed when the dataset is built
+    assert ds.revalidate() == 1 and "1 of 8 images were deleted" in caplog.text
 
 
 @pytest.mark.timeout(60)
@@ -162,6 +186,25 @@ def test_s3_revalidation_is_one_listing_and_sees_a_rewritten_object(
     assert not any(method == "HEAD" for method, _ in requests), requests
     assert requests == {("GET", "fastload-consistency"): 1}, requests  # one listing, one page
     assert ds.read_bytes(0) == new != old
+
+
+@pytest.mark.timeout(180)
+def test_an_s3_object_rewritten_between_epochs_is_read_anew_and_workers_restart(
+    s3_options, s3_data, tmp_path, caplog
+):
+    s3 = s3fs.S3FileSystem(**s3_options)
+    ds = ImageFolder(s3_data, size=32, cache=tmp_path / "cache", storage_options=s3_options)
+    assert not ds.reads_current_versions  # remote: the loader revalidates (one listing)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
+    first = _images(loader)
+    s3.pipe_file(ds.samples[0][0], s3.cat_file(ds.samples[7][0]))
+    with caplog.at_level(logging.INFO, logger="fastload"):
+        second = _images(loader)
+    fresh = ImageFolder(s3_data, size=32, storage_options=s3_options)  # no cache
+    assert torch.equal(second[0], fresh[0][0]) and not torch.equal(second[0], first[0])
+    assert torch.equal(second[1:], first[1:])
+    assert f"1 of {len(ds)} images changed" in caplog.text
+    assert "restarted the loader's persistent workers" in caplog.text
 
 
 @pytest.mark.timeout(60)

@@ -119,8 +119,8 @@ class FillRules:
         # NOTE [fetch-time version check]: bytes are stored only under the version they are.
         keep: str | None = version
         if read_version is not None:
-            if read_version != version:
-                self._changed(url, version, f"it is now version {read_version}")
+            if read_version != version:  # local: written since the read's stat (or listing)
+                self._changed(url, version, f"it is now version {read_version}", local=True)
                 keep = read_version
         elif version_size(version) not in (None, len(data)):
             self._changed(url, version, f"{len(data)} bytes were read")
@@ -160,15 +160,16 @@ class FillRules:
                 )
             return None
 
-    def _changed(self, url: str, version: str, now: str) -> None:
+    def _changed(self, url: str, version: str, now: str, *, local: bool = False) -> None:
         with self._mutex:
             first = url not in self._warned
             self._warned.add(url)
         (logger.warning if first else logger.debug)(
-            "%s changed since it was listed (version %s; %s): serving its current bytes, "
-            "never cached under the listed version. The loader revalidates at the next epoch "
-            "(ImageFolder.revalidate()); to stop this, do not rewrite a dataset while it is read",
-            url, version, now,
+            "%s changed since %s (version %s; %s): serving its current bytes, never cached "
+            "under the %s version. %sto stop this, do not rewrite a dataset while it is read",
+            url, "its version was read" if local else "it was listed", version, now,
+            "older" if local else "listed",
+            "" if local else "The loader revalidates at the next epoch (ImageFolder.revalidate()); ",
         )
 
 

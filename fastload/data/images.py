@@ -58,13 +58,8 @@ from fastload.data.stored_listing import (
 )
 from fastload.data.transcode import transcoding
 from fastload.data.transforms import CompiledTransform, compile_transform
-from fastload.errors import (
-    ConfigError,
-    CorruptSampleError,
-    SampleError,
-    StorageError,
-    UnreadableSampleError,
-)
+from fastload.errors import ConfigError, CorruptSampleError, SampleError, StorageError
+from fastload.errors import UnreadableSampleError
 from fastload.io.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -111,8 +106,8 @@ class ImageFolder(Dataset):
             starting together, and restarts after a crash or a preemption, list nothing;
             and it bounds how old a reused sample set can be, so files added to the root
             are in a new ImageFolder within the hour without anyone asking. Versions are
-            still revalidated every epoch after the first (docs/reliability.md). Needs a
-            cache with a disk or Redis tier; without one the root is listed every time.
+            still checked (docs/reliability.md). Needs a cache with a disk or Redis tier;
+            without one the root is listed every time.
 
     Attributes:
         samples: ``(path, label)`` of each sample, ``targets`` their labels, ``classes``
@@ -240,12 +235,13 @@ class ImageFolder(Dataset):
         """Re-read the versions of this dataset's files, so cached reads see changed files.
 
         One listing of the root (for an explicit file list: a stat per local file, one
-        listing per remote folder), never a request per object. The sample set (files,
-        labels, ``len``) stays what it was when the dataset was built, like torchvision's;
-        a file deleted since then raises ObjectNotFoundError naming it when read (or is
-        skipped under ``on_error="skip"``); new files are ignored. Without a cache there is
-        nothing to do: every read goes to the origin. ``fastload.DataLoader`` calls this at
-        the start of every epoch after the first (docs/reliability.md, "Consistency model").
+        listing per remote folder), never a request per object. The sample set stays what
+        it was when the dataset was built, like torchvision's: a file deleted since raises
+        ObjectNotFoundError naming it when read (or is skipped under ``on_error="skip"``),
+        new files are ignored. ``fastload.DataLoader`` calls this before every epoch after
+        the first for a cached remote dataset. A local one reads each file's version at
+        each read (:attr:`reads_current_versions`): there a call only logs what changed and
+        updates the index and stored listing (docs/reliability.md, "Consistency model").
 
         Returns the number of samples whose version changed (deleted ones included).
 
@@ -264,6 +260,11 @@ class ImageFolder(Dataset):
         if replaced and self._stored is not None:
             store_versions(self._stored, self.index)
         return changed
+
+    @property
+    def reads_current_versions(self) -> bool:
+        """Whether each read stats its file (cached, local: NOTE [a stat per local read])."""
+        return self._cache is not None and self.storage.is_local
 
     def __len__(self) -> int:
         return len(self.index)

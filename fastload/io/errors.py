@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import NoReturn
 
 from fastload.errors import FastloadError, ObjectNotFoundError, StorageError
 
@@ -43,13 +44,19 @@ def storage_error(exc: BaseException, action: str, url: str) -> FastloadError:
     return StorageError(f"cannot {action} {url}: {describe(exc)}")
 
 
+def raise_storage_error(exc: BaseException, action: str, url: str) -> NoReturn:
+    """Raise :func:`storage_error` of ``exc`` from it (``exc`` itself when it is fastload's):
+    :func:`storage_errors` without a context manager, for a per-object read path."""
+    converted = storage_error(exc, action, url)
+    if converted is exc:
+        raise exc
+    raise converted from exc
+
+
 @contextlib.contextmanager
 def storage_errors(action: str, url: str) -> Iterator[None]:
     """Convert every exception of the block into a fastload error (see NOTE [storage errors])."""
     try:
         yield
     except Exception as exc:  # NOTE [storage errors]
-        converted = storage_error(exc, action, url)
-        if converted is exc:
-            raise
-        raise converted from exc
+        raise_storage_error(exc, action, url)

@@ -35,7 +35,7 @@ import fsspec
 from fsspec.registry import known_implementations
 
 from fastload.errors import ConfigError, MissingDependencyError, ObjectNotFoundError, StorageError
-from fastload.io.errors import describe, storage_error, storage_errors
+from fastload.io.errors import describe, raise_storage_error, storage_errors
 from fastload.io.origin import read_whole, with_timeouts
 from fastload.io.versions import local_version, version_of
 
@@ -298,10 +298,7 @@ class Storage:
                 return self.reader.cat_file(path, start=0, version=version)
             return read_whole(self.reader, path)
         except Exception as exc:  # NOTE [storage errors]
-            converted = storage_error(exc, "read", self.to_url(path))
-            if converted is exc:
-                raise
-            raise converted from exc
+            raise_storage_error(exc, "read", self.to_url(path))
 
 
 @dataclass

@@ -242,13 +242,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return epoch_iterator(self, inner, progress, first, declared=self._declared, feeder=self._feeder)
 
     def _revalidate(self) -> None:
-        """Before a later epoch: re-read a cached dataset's versions (NOTE [consistency]).
+        """Before a later epoch: re-read a cached remote dataset's versions (NOTE [consistency]).
 
-        One listing per epoch (``ImageFolder.revalidate``). When files changed, persistent
-        workers hold copies of the dataset with the old versions, so the engine restarts them:
-        this epoch starts fresh workers from the dataset as it is now (logged at INFO).
+        One listing per epoch (``ImageFolder.revalidate``); none for a local one, whose reads
+        stat each file. When files changed, persistent workers hold the old versions, so the
+        engine restarts them: this epoch starts fresh workers (logged at INFO).
         """
-        if not self._declared or self.dataset.cache is None:
+        if not self._declared or self.dataset.cache is None or self.dataset.reads_current_versions:
             return
         if self.dataset.revalidate():
             self._engine.restart()
@@ -280,12 +280,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
 
 # NOTE [consistency]
-# A cached dataset's cache keys carry each file's version from its listing (NOTE [cache
-# keys]). Without revalidation a file rewritten between epochs would be served from the cache
-# with its old bytes for as long as the loader lives. So every epoch after the first starts
-# with one listing that refreshes the versions in the main process (workers get them with the
-# dataset, or are restarted when they persist); a changed file then gets a new key and its
-# new bytes. The full model, and what is guaranteed mid-epoch: docs/reliability.md.
+# A cached remote dataset's cache keys carry each object's version from its listing (NOTE
+# [cache keys]). Without revalidation an object rewritten between epochs would be served from
+# the cache with its old bytes for as long as the loader lives. So every epoch after the first
+# starts with one listing that refreshes the versions in the main process (workers get them
+# with the dataset, or are restarted when they persist); a changed object then gets a new key
+# and its new bytes. A local dataset needs none of this: each read stats its file (NOTE [a stat
+# per local read] in fastload.cache.tiered). The full model: docs/reliability.md.
 
 
 def _epoch_sampler(
