@@ -1,11 +1,13 @@
 """read_whole returns the whole object on every filesystem, also where ranges are unsupported;
 aread_whole (its coroutine form) reads the same, retries transient errors, never a missing
-object, and gives up at its deadline."""
+object, and gives up at its deadline; read_local reads a file as it is, whatever a stat before
+it said."""
 
 from __future__ import annotations
 
 import functools
 import http.server
+import os
 import socket
 import threading
 from pathlib import Path
@@ -15,7 +17,9 @@ import fsspec
 import fsspec.asyn
 import pytest
 
-from fastload.io.origin import aread_whole, read_whole
+from fastload.errors import StorageError
+from fastload.io.origin import aread_whole, read_local, read_whole
+from fastload.io.versions import local_version
 
 
 @pytest.fixture
@@ -107,3 +111,27 @@ def test_aread_whole_gives_up_at_its_deadline_on_a_stalled_server():
     # fsspec's sync() re-raises a coroutine's TimeoutError as its own, the original as cause
     error = caught.value if "no complete" in str(caught.value) else caught.value.__cause__
     assert isinstance(error, TimeoutError) and "no complete answer within 0.5 s" in str(error)
+
+
+def test_read_local_with_the_version_a_stat_gave(tmp_path):
+    """NOTE [a stat per local read]: ``expect`` stands for the fstat before the read; a file
+    rewritten, replaced or made a FIFO since the stat is still read as it is now."""
+    path = tmp_path / "a.jpg"
+    path.write_bytes(b"first")
+    stated = local_version(os.stat(path))
+    assert read_local(str(path), expect=stated) == (b"first", stated)
+    path.write_bytes(b"second, longer")  # after the stat, before the read
+    data, version = read_local(str(path), expect=stated)
+    assert data == b"second, longer" and version == local_version(os.stat(path)) != stated
+    other = tmp_path / "b.jpg"
+    other.write_bytes(b"third!")
+    stated = local_version(os.stat(path))
+    os.replace(other, path)  # another inode renamed into place
+    assert read_local(str(path), expect=stated) == (b"third!", local_version(os.stat(path)))
+    os.remove(path)
+    os.mkfifo(path)
+    with pytest.raises(StorageError, match="not a regular file"):
+        read_local(str(path), expect=stated)
+    os.remove(path)
+    with pytest.raises(FileNotFoundError):
+        read_local(str(path), expect=stated)

@@ -220,7 +220,7 @@ class DiskTier(Tier):
     def put_later(self, key: str, value: bytes) -> None:
         """Store ``value`` as :meth:`put` does, in a batch with other puts (NOTE [write-behind]).
 
-        This process sees the entry at once, other processes once it is flushed (64 entries,
+        This process sees the entry at once, other processes once it is flushed (256 entries,
         0.2 s, :meth:`flush_puts`, close, fork or exit). Objects of 1 MiB and more, and
         format "files", are stored at once.
         """

@@ -116,6 +116,8 @@ class FillRules:
         with self._mutex:
             self.reads += 1
             self.bytes += len(data)
+        if read_version == version and self.derive is None:  # a local read, as stat'd
+            return make_key(url, version), data, None
         # NOTE [fetch-time version check]: bytes are stored only under the version they are.
         keep: str | None = version
         if read_version is not None:

@@ -345,7 +345,7 @@ class TieredCache:
     ) -> tuple[bytes, Outcome]:
         try:  # NOTE [storage errors] in fastload.io.errors (as storage_errors, inline: per object)
             if isinstance(fs, LocalFileSystem):
-                data, read_version = read_local(path, url)
+                data, read_version = read_local(path, url, expect=version)
             else:
                 data, read_version = read_whole(fs, path), None
         except Exception as exc:

@@ -106,15 +106,18 @@ class PendingPuts:
 
     def add(self, key: str, value: bytes, commit: Commit) -> None:
         """Buffer ``(key, value)``, to be stored by ``commit``; flushes when a flush is due."""
-        _exit_flush_registered()
+        if not _exit_registered:
+            _exit_flush_registered()
+        now = time.monotonic()
         with self.lock:
-            if not self.values:
-                self.since = time.monotonic()
-            if key not in self.values:
+            values = self.values
+            if not values:
+                self.since = now
+            if key not in values:
                 self.bytes += len(value)
-            self.values[key] = (value, commit)
-            due = len(self.values) >= FLUSH_ENTRIES or self.bytes >= FLUSH_BYTES
-        if due or time.monotonic() - self.since >= FLUSH_AGE_S:
+            values[key] = (value, commit)
+            due = len(values) >= FLUSH_ENTRIES or self.bytes >= FLUSH_BYTES or now - self.since >= FLUSH_AGE_S
+        if due:
             self.flush()
 
     def get(self, key: str) -> bytes | None:

@@ -41,7 +41,7 @@ from fsspec.exceptions import FSTimeoutError
 from fsspec.implementations.local import LocalFileSystem
 
 from fastload.errors import StorageError
-from fastload.io.versions import local_version
+from fastload.io.versions import local_version, version_size
 
 logger = logging.getLogger(__name__)
 
@@ -240,15 +240,33 @@ async def _within(coro: Any, seconds: float) -> Any:
 _LOCAL_READ_TRIES = 3
 
 
-def read_local(path: str, url: str | None = None) -> tuple[bytes, str]:
+def read_local(path: str, url: str | None = None, expect: str | None = None) -> tuple[bytes, str]:
     """A local file's bytes and the version they are, read while no writer changed it.
 
     A FIFO, socket or device is refused at once (opening a FIFO would wait for a writer).
     ``url`` names the file in errors (default: ``path``). Five system calls when nothing
     writes the file: open, fstat, one read of its size plus one byte, fstat, close (no
     buffered file object: its own fstat, ioctl and seeks cost more than a small file's read).
+
+    ``expect``: the version an ``os.stat`` of ``path`` just gave (the cache's read: NOTE [a
+    stat per local read]). The first try then stands it for the fstat before the read, so
+    four calls; the fstat after the read must still equal it (a write, or a rename of
+    another file into place, in between changes it), else the tries below run as usual.
     """
     url = url or path
+    size = None if expect is None else version_size(expect)
+    if size is not None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                data = _read_fd(fd, size)
+                now = os.fstat(fd)
+            finally:
+                os.close(fd)
+            if stat.S_ISREG(now.st_mode) and local_version(now) == expect:
+                return data, expect
+        except OSError:  # a folder, or gone: the tries below say so
+            pass
     for _ in range(_LOCAL_READ_TRIES):
         # O_NONBLOCK: opening a FIFO named like an image must not wait for a writer.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
