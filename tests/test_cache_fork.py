@@ -26,7 +26,7 @@ def test_a_child_forked_while_the_cache_locks_are_held_reads_and_stores(tmp_path
         raise SystemExit(0 if ok else 3)
 
     # The parent holds the read-through mutex and the directory's index lock while it forks.
-    with cache._mutex, disk.cache_dir.index_lock(5):
+    with cache._misses._mutex, disk.cache_dir.index_lock(5):
         proc = multiprocessing.get_context("fork").Process(target=child)
         proc.start()
     proc.join(20)

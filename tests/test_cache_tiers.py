@@ -80,6 +80,17 @@ def test_a_corrupt_entry_is_dropped_never_served(tmp_path, how, fmt, caplog):
     assert tier.rescan() == (1, size) and tier.read_used() == size
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_corrupt_entry_in_a_batch_read_is_dropped_and_the_others_served(tmp_path, fmt, caplog):
+    tier = DiskTier(tmp_path / "c", format=fmt)
+    assert tier.put_many([("a", b"A" * 300), ("k", b"payload" * 100), ("b", b"B" * 300)]) == [True] * 3
+    damage(tier, "k", lambda b: b[:-1] + bytes([b[-1] ^ 1]))
+    hits, misses = tier.stats.hits, tier.stats.misses
+    assert tier.get_many(["a", "k", "b", "gone"]) == [b"A" * 300, None, b"B" * 300, None]
+    assert tier.stats.corrupt == 1 and (tier.stats.hits - hits, tier.stats.misses - misses) == (2, 2)
+    assert "dropping corrupt cache entry k" in caplog.text and not tier.contains("k")
+
+
 @pytest.mark.parametrize(
     "key",
     ["../../../../etc/passwd", "/etc/passwd", "a/../../b", "..", "\x00nul", "é" * 3000, "C:\\x\\..\\..\\y"],

@@ -168,36 +168,48 @@ class DiskTier(Tier):
 
     def get(self, key: str) -> bytes | None:
         pending = self._pending
-        if pending.values or pending.flushing:  # NOTE [write-behind]: not committed yet
-            value = pending.get(key)
-            if value is not None:
-                return self._hit(value)
-        try:
-            value = self.store.read(key)
-        except Damaged as exc:
-            self.stats.corrupt += 1
-            logger.warning("dropping corrupt cache entry %s (%s) at %s; it is fetched again", key, exc.why, exc.where)
-            self.delete(key)
-            return self._miss()
-        except OSError as exc:  # Foreign too: a symlink is never read through
-            self._warn_once("read", "disk cache %s cannot be read (%s); reading the origin", self.directory, exc)
-            return self._miss()
+        value = pending.get(key) if pending.values or pending.flushing else None  # NOTE [write-behind]
         if value is None:
-            self.stats.misses += 1
-            self.recorder.maybe_flush()
-            return None
-        return self._hit(value)
+            try:
+                value = self.store.read(key)
+            except Damaged as exc:
+                self._drop(key, exc)
+            except OSError as exc:  # Foreign too: a symlink is never read through
+                self._warn_read(exc)
+        return self._counted(value)
 
-    def _hit(self, value: bytes) -> bytes:
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """:meth:`get` of each key; format "packed": one read transaction for all (a batch)."""
+        pending = self._pending
+        out = [pending.get(k) for k in keys] if pending else [None] * len(keys)
+        asked = [i for i, value in enumerate(out) if value is None]
+        try:
+            found = self.store.read_many([keys[i] for i in asked]) if asked else []
+        except OSError as exc:
+            self._warn_read(exc)
+            found = [None] * len(asked)
+        for i, value in zip(asked, found):
+            out[i] = self._drop(keys[i], value) if isinstance(value, Damaged) else value
+        return [self._counted(value) for value in out]
+
+    def _counted(self, value: bytes | None) -> bytes | None:
         stats = self.stats
-        stats.hits += 1
-        stats.bytes_read += len(value)
+        if value is None:
+            stats.misses += 1
+        else:
+            stats.hits += 1
+            stats.bytes_read += len(value)
         self.recorder.maybe_flush()
         return value
 
-    def _miss(self) -> None:
-        self.stats.misses += 1
-        self.recorder.maybe_flush()
+    def _drop(self, key: str, exc: Damaged) -> None:
+        """A damaged entry: counted, dropped with a warning, then read as a miss."""
+        self.stats.corrupt += 1
+        logger.warning("dropping corrupt cache entry %s (%s) at %s; it is fetched again", key, exc.why, exc.where)
+        self.delete(key)
+
+    def _warn_read(self, exc: OSError) -> None:
+        self._warn_once("read", "disk cache %s cannot be read (%s); reading the origin", self.directory, exc)
 
     def contains(self, key: str) -> bool:
         """Whether a complete entry of ``key`` is there: header and file size, no checksum."""
@@ -210,7 +222,7 @@ class DiskTier(Tier):
         try:
             found = self.store.contains_many(keys)
         except OSError as exc:
-            self._warn_once("read", "disk cache %s cannot be read (%s); reading the origin", self.directory, exc)
+            self._warn_read(exc)
             found = [False] * len(keys)
         return found if buffered is None else [f or b for f, b in zip(found, buffered)]
 
@@ -350,11 +362,10 @@ class DiskTier(Tier):
         except OSError as exc:
             logger.debug("disk cache %s: could not flush its store: %s", self.directory, exc)
 
-    # -- what maintenance (fastload.cache.maintenance) and the tests use -----------------
+    # -- what maintenance (fastload.cache.maintenance), its commands and the tests use ----
 
     def entries(self) -> Iterator[Found]:
-        """fastload's entries: format "files": its entry files; "packed": one per record
-        (the large objects' pointers included), named by the digest's hex."""
+        """fastload's entries: its entry files ("files"), or one per record ("packed")."""
         self.flush_puts()
         return self.store.entries()
 
@@ -362,8 +373,6 @@ class DiskTier(Tier):
         """Bytes of the entries, as counted against the budget (buffered puts committed first)."""
         self.flush_puts()
         return self.store.used()
-
-    # -- the `fastload cache` commands (see fastload.cache.maintenance) -----------------
 
     def rescan(self) -> tuple[int, int]:
         """Recount entries and bytes from the files, store the count; (entries, bytes)."""

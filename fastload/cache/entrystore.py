@@ -55,6 +55,10 @@ class EntryStore(Protocol):
         Raises Damaged for an entry that fails validation, OSError when the store cannot be read.
         """
 
+    def read_many(self, keys: Sequence[str]) -> list[bytes | Damaged | None]:
+        """:meth:`read` of each key (format "packed": one read transaction), a damaged entry
+        its :class:`Damaged` in its place; OSError when the store cannot be read."""
+
     def contains_many(self, keys: Sequence[str]) -> list[bool]:
         """Whether a complete entry of each key is there (no checksum); OSError if unreadable."""
 

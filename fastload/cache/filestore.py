@@ -112,6 +112,15 @@ class FileStore:
     def read(self, key: str) -> bytes | None:
         return read_file(self.files, key, touch=self.lru)
 
+    def read_many(self, keys: Sequence[str]) -> list[bytes | Damaged | None]:
+        out: list[bytes | Damaged | None] = []
+        for key in keys:
+            try:
+                out.append(read_file(self.files, key, touch=self.lru))
+            except Damaged as exc:
+                out.append(exc)
+        return out
+
     def contains_many(self, keys: Sequence[str]) -> list[bool]:
         return [file_complete(self.files, key) for key in keys]
 

@@ -22,7 +22,7 @@ tier, for instance) reads return the derived values (NOTE [derived entries]).
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +117,15 @@ class FastloadCacheFileSystem(ChainedFileSystem):
             version = self.versions[target] = self.cache.version(self.fs, target)
         data = self.cache.read(self.fs, target, version)
         return data if not start and end is None else data[start:end]  # no copy for a whole read
+
+    def read_many(self, paths: Sequence[str], versions: Sequence[str | None]) -> list[bytes | Exception]:
+        """Whole objects through the cache, a batch at once (NOTE [batched reads]); a failed
+        read's error in its place. ``versions``: the listing's, or None to look them up."""
+        targets = [self._target_path(p) for p in paths]
+        known = self.versions
+        if known is not None:
+            versions = [v if v is not None else known.get(t) for v, t in zip(versions, targets)]
+        return self.cache.read_many(self.fs, targets, versions)
 
     def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> MemoryFile:
         if mode != "rb":

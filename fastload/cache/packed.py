@@ -40,7 +40,7 @@ import errno
 import logging
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import lmdb
@@ -164,6 +164,30 @@ class PackedStore:
         if self.lru:
             self._note_read(d)
         return value
+
+    def get_many(self, ds: Sequence[bytes], keys: Sequence[str]) -> list[bytes | object | None]:
+        """:meth:`get` of each (digest, key) in one read transaction (a batch's reads); an
+        entry that fails validation is its CorruptEntry or KeyMismatch, returned in its place."""
+        held = self._held()
+        out: list[bytes | object | None] = []
+        try:
+            with held.env.begin(db=held.entries, buffers=True) as txn:
+                for d, key in zip(ds, keys):
+                    blob = txn.get(d)
+                    if blob is None or is_pointer(blob):
+                        out.append(None if blob is None else IN_FILE)
+                        continue
+                    try:
+                        out.append(entry.decode_packed(blob, expect_key=key))
+                    except (entry.CorruptEntry, entry.KeyMismatch) as exc:
+                        out.append(exc)
+        except lmdb.Error as exc:
+            raise StoreFault(errno.EIO, f"cannot read the packed store {self.path}: {exc}") from exc
+        if self.lru:
+            for d, value in zip(ds, out):
+                if value is not None and not isinstance(value, Exception):
+                    self._note_read(d)
+        return out
 
     def contains(self, ds: list[bytes]) -> list[bool | object]:
         """Whether a record is stored under each digest, IN_FILE for a large object's pointer

@@ -64,17 +64,34 @@ class PackedFormatStore:
     def read(self, key: str) -> bytes | None:
         d = entry.packed_digest(key)
         try:
-            value = self.records.get(d, key)
-        except entry.KeyMismatch as other:
-            if entry.packed_digest(other.args[0]) == d:
+            got = self.records.get(d, key)
+        except (entry.KeyMismatch, entry.CorruptEntry) as exc:
+            got = exc
+        value = self._checked(key, d, got)
+        if isinstance(value, Damaged):
+            raise value
+        return value
+
+    def read_many(self, keys: Sequence[str]) -> list[bytes | Damaged | None]:
+        """:meth:`read` of each key in one read transaction; a damaged entry is its Damaged."""
+        ds = [entry.packed_digest(k) for k in keys]
+        return [self._checked(k, d, got) for k, d, got in zip(keys, ds, self.records.get_many(ds, keys))]
+
+    def _checked(self, key: str, d: bytes, got: object) -> bytes | Damaged | None:
+        """What the store read for ``key`` (digest ``d``): the value, None, or why it is damaged."""
+        if isinstance(got, entry.KeyMismatch):
+            if entry.packed_digest(got.args[0]) == d:
                 return None  # a true xxh3-128 collision: another key's record
-            why = f"its header names key {other.args[0]!r}, not stored under this digest"
-            raise Damaged(why, self.records.path) from None
-        except entry.CorruptEntry as exc:
-            raise Damaged(str(exc), self.records.path) from None
-        if value is IN_FILE:
-            return read_file(self.files, key)
-        return value  # type: ignore[return-value]  # bytes or None
+            return Damaged(f"its header names key {got.args[0]!r}, not stored under this digest",
+                           self.records.path)
+        if isinstance(got, entry.CorruptEntry):
+            return Damaged(str(got), self.records.path)
+        if got is IN_FILE:
+            try:
+                return read_file(self.files, key)
+            except Damaged as exc:
+                return exc
+        return got  # type: ignore[return-value]  # bytes or None
 
     def contains_many(self, keys: Sequence[str]) -> list[bool]:
         """One read transaction for all (and a header read per large object's file)."""

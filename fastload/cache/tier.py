@@ -78,6 +78,10 @@ class Tier(abc.ABC):
         """
         return [self.put(key, value) for key, value in items]
 
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """:meth:`get` of each key, in order; the disk tier reads a batch in one transaction."""
+        return [self.get(key) for key in keys]
+
     def contains_many(self, keys: Sequence[str]) -> list[bool]:
         """:meth:`contains` of each key, in order (one transaction or round trip if overridden)."""
         return [self.contains(key) for key in keys]

@@ -6,7 +6,7 @@ packed disk tier a put is one LMDB write transaction (``packed.py``), about 45 u
 1 KB, half of it the commit; in a batch of 64 it is about 10 us an entry
 (``benchmarks/cache_store.py``, ``put`` against ``put_many``). So a put from a *read that
 holds no fetch lock* (a local file: NOTE [no fetch lock for local files] in
-:mod:`.tiered`; a promotion from a lower tier) goes into this process's
+:mod:`.misses`; a promotion from a lower tier) goes into this process's
 :class:`PendingPuts` of the directory (``DiskTier.put_later``) and is committed with the
 others by one ``put_many``:
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastload.arguments import config_error
+from fastload.data.pipeline import ImagePipeline, Normalize
 from fastload.errors import ConfigError
 
 
@@ -50,4 +51,15 @@ def check_transform_alone(pipeline: Any, size: tuple[int, int], train: bool, nor
             f"ImageFolder(transform=..., {', '.join(f'{g}=...' for g in given)}): pass either "
             f"transform or {'/'.join(given)}, not both. The transform decides the crop, flip and "
             "normalization; put them in it (T.RandomResizedCrop(224), T.Normalize(...))"
+        )
+
+
+def check_steps(normalize: Any, pipeline: Any) -> None:
+    """``normalize`` a bool or a Normalize, ``pipeline`` an ImagePipeline or None."""
+    if not isinstance(normalize, (bool, Normalize)):
+        raise config_error("ImageFolder", "normalize", normalize, "True (ImageNet mean/std), False or a Normalize")
+    if pipeline is not None and not isinstance(pipeline, ImagePipeline):
+        raise config_error(
+            "ImageFolder", "pipeline", pipeline, "an ImagePipeline or None",
+            "Build one with ImagePipeline.standard(224) or ImagePipeline((Resize(256), CenterCrop(224)))",
         )

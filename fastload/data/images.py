@@ -38,15 +38,12 @@ from fastload.arguments import (
     check_optional_int,
     check_size,
     check_strings,
-    config_error,
 )
 from fastload.cache import TieredCache, open_cache
 from fastload.cache.filesystem import CachedReads
 from fastload.data import batchinfo, listing, sample_errors
-from fastload.data.folder_args import check_root, check_transform_alone
-from fastload.data.index import DatasetIndex
+from fastload.data.folder_args import check_root, check_steps, check_transform_alone
 from fastload.data.index_views import IndexVersions, SamplesView, TargetsView
-from fastload.data.listing import from_pairs
 from fastload.data.pipeline import ImagePipeline, Normalize
 from fastload.data.sample_errors import DECODE_ERRORS
 from fastload.data.sampling import mix_seed
@@ -142,13 +139,7 @@ class ImageFolder(Dataset):
         on_error = check_choice(where, "on_error", on_error, ("raise", "skip"))  # type: ignore[assignment]
         size = check_size(where, "size", size)
         train = check_bool(where, "train", train)
-        if not isinstance(normalize, (bool, Normalize)):
-            raise config_error(where, "normalize", normalize, "True (ImageNet mean/std), False or a Normalize")
-        if pipeline is not None and not isinstance(pipeline, ImagePipeline):
-            raise config_error(
-                where, "pipeline", pipeline, "an ImagePipeline or None",
-                "Build one with ImagePipeline.standard(224) or ImagePipeline((Resize(256), CenterCrop(224)))",
-            )
+        check_steps(normalize, pipeline)
         seed = check_optional_int(where, "seed", seed)
         extensions = check_strings(where, "extensions", extensions, example="('.jpg', '.png')")
         storage_options = check_mapping(where, "storage_options", storage_options)
@@ -183,14 +174,7 @@ class ImageFolder(Dataset):
             )
         else:
             self.storage = Storage("/", storage_options, read_through=reads, versions=versions)
-            paths, labels = from_pairs(root)
-            found = None
-            if self._cache is not None:  # the versions' snapshot (NOTE [consistency])
-                current = self.storage.current_versions(paths)
-                found = [current.get(p) for p in paths]
-            self.index = DatasetIndex.build(
-                "", paths, labels, classes=[str(i) for i in range(max(labels) + 1)], versions=found
-            )
+            self.index = listing.index_of_pairs(self.storage, root, snapshot=self._cache is not None)
         versions.index = self.index
         self.classes = list(self.index.classes)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
@@ -234,14 +218,13 @@ class ImageFolder(Dataset):
     def revalidate(self) -> int:
         """Re-read the versions of this dataset's files, so cached reads see changed files.
 
-        One listing of the root (for an explicit file list: a stat per local file, one
-        listing per remote folder), never a request per object. The sample set stays what
-        it was when the dataset was built, like torchvision's: a file deleted since raises
-        ObjectNotFoundError naming it when read (or is skipped under ``on_error="skip"``),
-        new files are ignored. ``fastload.DataLoader`` calls this before every epoch after
-        the first for a cached remote dataset. A local one reads each file's version at
-        each read (:attr:`reads_current_versions`): there a call only logs what changed and
-        updates the index and stored listing (docs/reliability.md, "Consistency model").
+        One listing of the root (an explicit file list: a stat per local file, a listing per
+        remote folder). The sample set stays as built, like torchvision's: a file deleted
+        since raises ObjectNotFoundError naming it when read (or is skipped), new files are
+        ignored. ``fastload.DataLoader`` calls this before every epoch after the first of a
+        cached remote dataset; a local one stats each file at each read
+        (:attr:`reads_current_versions`), so a call only logs what changed and updates the
+        index and stored listing (docs/reliability.md, "Consistency model").
 
         Returns the number of samples whose version changed (deleted ones included).
 
@@ -292,11 +275,17 @@ class ImageFolder(Dataset):
             return mix_seed(self.seed, int(index))
         return int(torch.randint(0, 2**62, (1,)).item())
 
-    def load(self, index: int) -> tuple[torch.Tensor, int]:
-        """Read and transform one sample; errors name the file and the index."""
+    def load(self, index: int, data: bytes | Exception | None = None) -> tuple[torch.Tensor, int]:
+        """Read and transform one sample; errors name the file and the index. ``data``: its
+        bytes, or its read's error, where :meth:`read_batch` read them already."""
         label = self.index.label(index)
         start = time.perf_counter()
-        data = self.read_bytes(index)
+        if data is None:
+            data = self.read_bytes(index)
+        elif isinstance(data, Exception):
+            if isinstance(data, (StorageError, OSError)):
+                raise self.unreadable(index, data) from data
+            raise data
         fetched = time.perf_counter()
         seed = self.sample_seed(index)
         try:
@@ -310,16 +299,27 @@ class ImageFolder(Dataset):
     def read_bytes(self, index: int) -> bytes:
         """The encoded bytes of sample ``index``.
 
-        Every engine reads through here, so the storage (and its cache) sees each read. A
-        failed read raises :class:`~fastload.errors.UnreadableSampleError` (a StorageError;
-        :class:`~fastload.errors.MissingSampleError` for a file gone since the listing)
-        naming the file and the index, with the storage's error as ``__cause__``.
+        Every engine reads through here or :meth:`read_batch`, so the storage (and its cache)
+        sees each read. A failed read raises :class:`~fastload.errors.UnreadableSampleError`
+        (:class:`~fastload.errors.MissingSampleError` for a file gone since the listing) naming
+        the file and the index, with the storage's error as ``__cause__``.
         """
         path, version = self.index.path(index), self.index.version(index)
         try:
             return self.storage.read(path, version)
         except (StorageError, OSError) as exc:  # a cache tier may raise a bare OSError
             raise self.unreadable(index, exc) from exc
+
+    def read_batch(self, indices: Sequence[int]) -> list[bytes | Exception | None]:
+        """The bytes of a batch's samples, or each read's error, read at once through the cache
+        (NOTE [batched reads] in :mod:`fastload.cache.tiered`); without one, Nones: each
+        :meth:`load` reads its own."""
+        if self._cache is None:
+            return [None] * len(indices)
+        start, index = time.perf_counter(), self.index
+        out = self.storage.read_many([index.path(i) for i in indices], [index.version(i) for i in indices])
+        batchinfo.record(time.perf_counter() - start, 0.0, 0)
+        return out  # type: ignore[return-value]
 
     def unreadable(self, index: int, exc: BaseException) -> UnreadableSampleError:
         """The error for sample ``index`` whose bytes cannot be read (``exc`` says why)."""
@@ -344,15 +344,16 @@ class ImageFolder(Dataset):
         process it comes back as a :class:`~fastload.data.batchinfo.FailedBatch` that raises it
         when looked at (NOTE [sample errors cross the process boundary]).
         """
+        batch = self.read_batch(indices)
         if self.on_error == "raise":
             try:
-                return [self.load(i) for i in indices]
+                return [self.load(i, data) for i, data in zip(indices, batch)]
             except SampleError as exc:
                 return self._failed(exc)
         out = []
-        for i in indices:
+        for i, data in zip(indices, batch):
             try:
-                out.append(self.load(i))
+                out.append(self.load(i, data))
             except SampleError as exc:  # every read or decode failure of one sample
                 batchinfo.record_skip(self.skipped(i, exc))
         return out

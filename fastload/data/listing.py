@@ -110,6 +110,19 @@ def from_pairs(pairs: Sequence[tuple[str | os.PathLike[str], int]]) -> tuple[lis
     return paths, labels
 
 
+def index_of_pairs(
+    storage: Storage, pairs: Sequence[tuple[str | os.PathLike[str], int]], *, snapshot: bool
+) -> DatasetIndex:
+    """The index of an explicit ``(path, label)`` list; with ``snapshot`` (a cached dataset)
+    the files' versions now, a stat per local file (NOTE [consistency])."""
+    paths, labels = from_pairs(pairs)
+    found = None
+    if snapshot:
+        current = storage.current_versions(paths)
+        found = [current.get(p) for p in paths]
+    return DatasetIndex.build("", paths, labels, classes=[str(i) for i in range(max(labels) + 1)], versions=found)
+
+
 @dataclass
 class Comparison:
     """An index's samples against a later listing (``ImageFolder.revalidate``).

@@ -97,3 +97,13 @@ def test_batches_store_and_check_each_item(tier):
     assert tier.contains_many([k for k, _ in items] + ["missing"]) == [True] * 5 + [False]
     assert [tier.get(k) for k, _ in items] == [v for _, v in items]
     assert tier.put_many([]) == [] and tier.contains_many([]) == []
+
+
+def test_get_many_reads_each_key_as_get_does_and_counts_each(tier):
+    items = [(f"{KEY}/{i}", bytes([i]) * (i + 1)) for i in range(4)]
+    assert tier.put_many(items) == [True] * 4
+    before = (tier.stats.hits, tier.stats.misses)
+    got = tier.get_many([items[2][0], "missing", items[0][0], items[2][0]])
+    assert got == [items[2][1], None, items[0][1], items[2][1]]
+    assert (tier.stats.hits - before[0], tier.stats.misses - before[1]) == (3, 1)
+    assert tier.get_many([]) == []
