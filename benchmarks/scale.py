@@ -8,7 +8,12 @@ made once under .fastload-data/scale-N) is measured side by side in one run:
   the first start with a cache (lists, stores the listing), ``fastload cache warm`` (the
   installed console script, local disk, objects/s), ``cache stats`` and ``cache verify``
   (console script, wall time), the second start in a fresh process (ImageFolder + DataLoader
-  + first batch: it should list nothing), and the epoch: no cache, cold cache, warm cache;
+  + first batch: it should list nothing), and the epoch: no cache, cold cache, warm cache.
+  The epochs without a cache and with the packed cache are ``--epoch-repeats`` interleaved
+  pairs (each cold one in a new cache directory): medians, and the cold-epoch overhead is
+  the median of the pairs' ratios, so a machine that drifts during the run moves both
+  sides of a pair. The warm epoch is the loader's second: for these local files it lists
+  nothing (NOTE [a stat per local read]);
 * memory: bytes of the dataset's index per sample (tracemalloc, fresh process) for fastload
   and torchvision, and what a forked worker's private memory grows by when it reads every
   sample's path and label (copy-on-read, pytorch/pytorch#13246).
@@ -30,6 +35,8 @@ import argparse
 import json
 import os
 import random
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -170,6 +177,25 @@ STEPS = {"index_memory": step_index_memory, "restart": step_restart, "epochs": s
 
 # -- one N --------------------------------------------------------------------------------
 
+def measure_epochs(root: Path, n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """``--epoch-repeats`` interleaved pairs: the epochs without a cache, then with the
+    packed cache in a new directory (first and second pass); medians and pair ratios."""
+    pairs = []
+    for r in range(args.epoch_repeats):
+        none = child("epochs", root=str(root), cache=None, fmt="packed", samples=args.epoch_samples, n=n)
+        cold = work / f"cold-packed-{r}"
+        cached = child("epochs", root=str(root), cache=str(cold), fmt="packed", samples=args.epoch_samples, n=n)
+        shutil.rmtree(cold, ignore_errors=True)
+        pairs.append((none, cached))
+    med = statistics.median
+    return {
+        "nocache": {"samples": pairs[0][0]["samples"], "first_s": med(p[0]["first_s"] for p in pairs)},
+        "packed": {"samples": pairs[0][1]["samples"], "first_s": med(p[1]["first_s"] for p in pairs),
+                   "second_s": med(p[1]["second_s"] for p in pairs)},
+        "overheads": [c["first_s"] / nc["first_s"] - 1 for nc, c in pairs],
+    }
+
+
 def measure_format(root: Path, n: int, fmt: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from fastload import ImageFolder
 
@@ -187,9 +213,10 @@ def measure_format(root: Path, n: int, fmt: str, args: argparse.Namespace, work:
     row["stats_s"], row["stats_rc"], _ = run_cli("cache", "stats", str(cache))
     row["verify_s"], row["verify_rc"], _ = run_cli("cache", "verify", str(cache))
     row.update({f"restart_{k}": v for k, v in child("restart", root=str(root), cache=str(cache), fmt=fmt).items()})
-    cold = work / f"cold-{fmt}"
-    row.update({f"cached_{k}": v for k, v in child(
-        "epochs", root=str(root), cache=str(cold), fmt=fmt, samples=args.epoch_samples, n=n).items()})
+    if fmt != "packed":  # the packed format's epochs are measure_epochs' pairs
+        cold = work / f"cold-{fmt}"
+        row.update({f"cached_{k}": v for k, v in child(
+            "epochs", root=str(root), cache=str(cold), fmt=fmt, samples=args.epoch_samples, n=n).items()})
     return row
 
 
@@ -200,9 +227,10 @@ def measure_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
         work = Path(tmp)
         out["torchvision"] = child("index_memory", root=str(root), cache=None, kind="torchvision")
         out["fastload"] = child("index_memory", root=str(root), cache=None, kind="fastload")
-        out["nocache"] = child("epochs", root=str(root), cache=None, fmt="packed",
-                               samples=args.epoch_samples, n=n)
+        epochs = measure_epochs(root, n, args, work)
+        out["nocache"], out["overheads"] = epochs["nocache"], epochs["overheads"]
         out["formats"] = [measure_format(root, n, fmt, args, work) for fmt in FORMATS]
+        out["formats"][0].update({f"cached_{k}": v for k, v in epochs["packed"].items()})
         # The index as a restarted process holds it (read back from the packed cache).
         out["fastload_stored"] = child("index_memory", root=str(root),
                                        cache=str(work / "cache-packed"), kind="fastload")
@@ -261,18 +289,21 @@ def print_n(r: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"  forked worker grows per sample read: torchvision {tv['worker_growth_per_sample']:.1f} B, "
           f"fastload {fl['worker_growth_per_sample']:.1f} B")
     nocache = nc["samples"] / nc["first_s"]
-    print(f"  epoch without a cache: {nocache:,.0f} img/s")
+    pairs = ", ".join(f"{o:+.1%}" for o in r["overheads"])
+    print(f"  epoch without a cache: {nocache:,.0f} img/s (median of {len(r['overheads'])}); "
+          f"packed cold-epoch overhead per pair: {pairs} (target <= +10%)")
     head = (f"  {'format':7s} {'1st start':>9s} {'warm obj/s':>10s} {'stats':>6s} {'verify':>7s} "
             f"{'restart':>8s} {'of which build':>14s} {'cold img/s':>10s} {'cold ovh':>8s} {'warm img/s':>10s}")
     print(head)
     for f in r["formats"]:
         cold = f["cached_samples"] / f["cached_first_s"]
+        overhead = statistics.median(r["overheads"]) if f["format"] == "packed" else nocache / cold - 1
         warm_epoch = f["cached_samples"] / f["cached_second_s"]
         shard = f" (1/{f['shard']})" if f["shard"] > 1 else ""
         rc = "" if f["warm_rc"] == 0 else f" rc={f['warm_rc']}"
         print(f"  {f['format']:7s} {f['first_start_s']:8.2f}s {f['warm_per_s']:10,.0f}{shard}{rc} "
               f"{f['stats_s']:5.2f}s {f['verify_s']:6.2f}s {f['restart_ready_s']:7.2f}s "
-              f"{f['restart_built_s']:13.2f}s {cold:10,.0f} {nocache / cold - 1:+8.1%} {warm_epoch:10,.0f}")
+              f"{f['restart_built_s']:13.2f}s {cold:10,.0f} {overhead:+8.1%} {warm_epoch:10,.0f}")
     packed, files = r["formats"]
     print(f"  packed vs files: warm {packed['warm_per_s'] / max(files['warm_per_s'], 1e-9):.1f}x, "
           f"cold epoch {files['cached_first_s'] / files['cached_samples'] * packed['cached_samples'] / packed['cached_first_s']:.2f}x, "
@@ -284,6 +315,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--jobs", type=int, default=8, help="cache warm --jobs (local)")
     parser.add_argument("--epoch-samples", type=int, default=100_000)
+    parser.add_argument("--epoch-repeats", type=int, default=3,
+                        help="interleaved pairs of epochs without and with the packed cache")
     parser.add_argument("--files-cap", type=int, default=100_000,
                         help="the per-file tier warms at most about this many objects (a shard)")
     parser.add_argument("--remote-n", type=int, default=10_000, help="latency:: objects; 0 = skip")
