@@ -254,19 +254,9 @@ def read_local(path: str, url: str | None = None, expect: str | None = None) -> 
     another file into place, in between changes it), else the tries below run as usual.
     """
     url = url or path
-    size = None if expect is None else version_size(expect)
-    if size is not None:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-            try:
-                data = _read_fd(fd, size)
-                now = os.fstat(fd)
-            finally:
-                os.close(fd)
-            if stat.S_ISREG(now.st_mode) and local_version(now) == expect:
-                return data, expect
-        except OSError:  # a folder, or gone: the tries below say so
-            pass
+    data = None if expect is None else _read_as_stated(path, expect)
+    if data is not None:
+        return data, expect  # type: ignore[return-value]  # expect is a str here
     for _ in range(_LOCAL_READ_TRIES):
         # O_NONBLOCK: opening a FIFO named like an image must not wait for a writer.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -289,6 +279,26 @@ def read_local(path: str, url: str | None = None, expect: str | None = None) -> 
         "writing it; finish writing the dataset before reading it, or write new files and "
         "rename them into place"
     )
+
+
+def _read_as_stated(path: str, expect: str) -> bytes | None:
+    """The bytes of ``path`` if the fstat after reading them still gives version ``expect``
+    (a regular file); None otherwise, or when it cannot be read (read_local's tries say why)."""
+    size = version_size(expect)
+    if size is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        data = _read_fd(fd, size)
+        now = os.fstat(fd)
+    except OSError:  # a folder, say
+        return None
+    finally:
+        os.close(fd)
+    return data if stat.S_ISREG(now.st_mode) and local_version(now) == expect else None
 
 
 def _read_fd(fd: int, size: int) -> bytes:
