@@ -76,9 +76,27 @@ def _cgroup_cpu_quota() -> float | None:
         return None
 
 
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
 def local_world_size() -> int:
-    """Ranks sharing this node: torchrun's LOCAL_WORLD_SIZE, else 1."""
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
+    """Ranks sharing this node.
+
+    torchrun (and Accelerate) set ``LOCAL_WORLD_SIZE``. Lightning's launcher does not: it
+    sets ``WORLD_SIZE`` and ``NODE_RANK``, with ``MASTER_ADDR`` on the loopback when all
+    ranks run on this machine, so there every rank is local. Anything else: 1.
+    """
+    env = os.environ
+    for raw in (env.get("LOCAL_WORLD_SIZE"),) + _single_node_world(env):
+        try:
+            if raw is not None:
+                return max(1, int(raw))
+        except ValueError:
+            continue
+    return 1
+
+
+def _single_node_world(env: os._Environ[str] | dict[str, str]) -> tuple[str | None, ...]:
+    """WORLD_SIZE where the job provably runs on this node alone (its master on loopback)."""
+    one_node = env.get("NODE_RANK", "0") == "0" and env.get("MASTER_ADDR", "").strip() in LOOPBACK_HOSTS
+    return (env.get("WORLD_SIZE"),) if one_node else ()

@@ -107,6 +107,8 @@ class LoaderSettings:
     """What the dataset probe measured (None: declared, explicit or FASTLOAD_PROBE=0)."""
     worker_limit: int | None = field(default=None, repr=False)
     """The most workers the probe's numbers allow (cores, memory); re-tuning stays below it."""
+    engine: str | None = field(default=None, repr=False)
+    """The engine decision as the loader states it (``loader.settings`` fills it in)."""
 
     def items(self) -> list[tuple[str, Setting[Any]]]:
         return [
@@ -129,6 +131,8 @@ class LoaderSettings:
         )
         if self.probe is not None:
             rows.append(self.probe.summary())
+        if self.engine is not None:
+            rows.append(f"engine: {self.engine}")
         return "\n".join(rows)
 
 
@@ -219,8 +223,24 @@ def _from_env(name: str, parse: type) -> tuple[Any, Source] | None:
     return value, "environment"
 
 
+class Chosen(int):
+    """An ``int`` that fastload chose for an "auto" setting, as the loader's public attribute
+    shows it (``loader.num_workers``, ``loader.prefetch_factor``).
+
+    NOTE [a rebuilt loader stays auto]
+    Lightning and Accelerate re-create a DataLoader from its public attributes. A chosen
+    count read back that way and passed to a new ``fastload.DataLoader`` is still fastload's
+    choice, not the user's: :func:`resolve_settings` resolves it as "auto" again, so the
+    rebuilt loader picks its engine as the first one did (an explicit ``num_workers`` would
+    keep torch's workers). To torch and everyone else it is the plain number.
+    """
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+
 def _explicit(name: str, value: Any, parse: type) -> tuple[Any, Source] | None:
-    if isinstance(value, str) and value == AUTO:
+    if isinstance(value, Chosen) or (isinstance(value, str) and value == AUTO):
         return _from_env(name, parse)
     if isinstance(value, str):  # any other value is torch's to check, but not a misspelt "auto"
         raise ConfigError(

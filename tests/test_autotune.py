@@ -55,8 +55,9 @@ def test_idle_workers_are_lowered_and_the_batches_stay(monkeypatch):
     reason = loader.settings.num_workers.reason
     assert f"(was {before})" in reason and "busy" in reason
     assert loader.settings.num_workers.source == "auto"
-    assert isinstance(loader.worker_init_fn, MeasuredWorkerInit)
-    assert loader.worker_init_fn.counters.num_workers == loader.num_workers
+    assert loader.worker_init_fn is None  # NOTE [what a rebuild copies]: the user's own
+    assert isinstance(loader.worker_parts.worker_init_fn, MeasuredWorkerInit)
+    assert loader.worker_parts.worker_init_fn.counters.num_workers == loader.num_workers
     assert sorted(sum(first[0], [])) == sorted(sum(second[0], [])) == list(range(64))
     assert first[0] == second[0]  # no shuffle: the same batches with fewer workers
 

@@ -522,7 +522,7 @@ def test_probe_samples_are_served_once_in_the_first_epoch_with_torchs_batches(tm
 def test_probe_samples_reach_workers_without_the_meter(tmp_path):
     log = tmp_path / "fetches.log"
     loader = fastload.DataLoader(Logged(log, n=96, sleep_s=0.003), batch_size=8, meter=False)
-    assert loader.num_workers > 0 and loader.worker_init_fn is not None
+    assert loader.num_workers > 0 and loader.worker_parts.worker_init_fn is not None
     assert [b[:, 0].tolist() for b in loader] == [[float(i) for i in range(j, j + 8)] for j in range(0, 96, 8)]
     assert fetches(log) == dict.fromkeys(range(96), 1)
 

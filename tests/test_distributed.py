@@ -115,7 +115,11 @@ def test_environment_ranks_shard_without_a_process_group(monkeypatch, caplog):
     assert (info.rank, info.world_size, info.source) == (2, 3, "environment")
     torch.manual_seed(4)
     loader = DataLoader(list(range(10)), batch_size=2, shuffle=True)
-    assert isinstance(loader.sampler, EpochSampler) and loader.sampler.num_replicas == 3
+    # NOTE [the public plan and the rank's plan]: the public sampler is the all-ranks order,
+    # the engine runs this rank's share of it.
+    assert isinstance(loader.sampler, EpochSampler) and loader.sampler.num_replicas == 1
+    assert loader.epoch_sampler.num_replicas == 3 and loader.epoch_sampler.rank == 2
+    assert len(loader) == 2 and len(loader.batch_sampler) == 5
     got = [int(i) for _ in range(2) for b in loader for i in b]
     ref = EpochSampler(10, seed=4, num_replicas=3, rank=2)
     expected = []

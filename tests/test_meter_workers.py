@@ -243,8 +243,9 @@ def test_the_main_process_dataset_and_collate_are_untouched():
     run(loader)
     assert vars(data) == before and "__getitems__" not in vars(data)
     assert loader.collate_fn is default_collate
-    assert isinstance(loader.worker_init_fn, MeasuredWorkerInit)
-    assert loader.worker_init_fn.user_fn is None
+    assert loader.worker_init_fn is None  # public attributes are the user's (a rebuild copies them)
+    assert isinstance(loader.worker_parts.worker_init_fn, MeasuredWorkerInit)
+    assert loader.worker_parts.worker_init_fn.user_fn is None
 
 
 def test_the_init_wrapper_pickles_outside_a_spawn_without_the_counters():
@@ -261,6 +262,7 @@ def test_meter_false_passes_the_users_init_as_is():
     loader = DataLoader(Sleepy(4, ms=0), batch_size=2, num_workers=2, meter=False,
                         worker_init_fn=_seen_in_init)
     assert loader.worker_init_fn is _seen_in_init
+    assert loader.worker_parts.worker_init_fn is _seen_in_init
     assert len(run(loader)) == 2
 
 

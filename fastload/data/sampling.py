@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterator, Sized
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data.distributed import DistributedSampler
 
 _MASK64 = (1 << 64) - 1
 
@@ -48,7 +48,7 @@ class SampleIndex(int):
         return (SampleIndex, (int(self), self.seed))
 
 
-class EpochSampler(Sampler[int]):
+class EpochSampler(DistributedSampler):
     """Shuffles by ``(seed, epoch)``, shards across ranks, and tags indices with seeds.
 
     The order of epoch ``e`` is a pure function of ``(seed, e)``, so every rank computes the
@@ -66,6 +66,17 @@ class EpochSampler(Sampler[int]):
     so a span that starts at a multiple of ``num_replicas`` shards exactly like the positions
     it replaces: a same-size restart sees the same remaining order, and an elastic restart
     re-splits the span over the new ranks.
+
+    NOTE [a sampler frameworks leave alone]
+    It is a ``torch.utils.data.distributed.DistributedSampler`` (with that class's
+    attributes: ``dataset``, ``num_replicas``, ``rank``, ``epoch``, ``shuffle``, ``seed``,
+    ``drop_last``, ``num_samples``, ``total_size``), because that is what PyTorch Lightning
+    checks before it replaces a loader's sampler with its own under DDP: a loader whose
+    sampler already is one is left as it is. A :class:`fastload.DataLoader` shows the
+    *all-ranks* order as its public ``sampler`` (``num_replicas=1``) and runs this rank's
+    share (:meth:`for_rank`) in its engine, so a framework that splits the public plan
+    itself (Accelerate's ``BatchSamplerShard``) splits it once, and so does fastload
+    (docs/integrations.md).
 
     Example::
 
@@ -96,7 +107,29 @@ class EpochSampler(Sampler[int]):
         self.drop_last = drop_last
         self.tag_seeds = tag_seeds
         self.epoch = 0
+        self.dataset = data_source if not isinstance(data_source, int) else range(data_source)
+        self.iterations = 0  # how many times this object was iterated (a public view: by whom?)
+        self.loader_view = False  # a fastload loader's public all-ranks order (fastload.loader.plan)
         self._resumed: tuple[int, int, int, int] | None = None  # (epoch, start, stop, skip)
+
+    def for_rank(self, rank: int, num_replicas: int) -> EpochSampler:
+        """The same order (seed, shuffle, epoch, padding), as the share of ``rank`` of
+        ``num_replicas``; no resume span."""
+        twin = EpochSampler(
+            self.dataset, shuffle=self.shuffle, seed=self.seed, num_replicas=num_replicas,
+            rank=rank, drop_last=self.drop_last, tag_seeds=self.tag_seeds,
+        )
+        twin.epoch = self.epoch
+        twin.loader_view = False
+        return twin
+
+    @property
+    def num_samples(self) -> int:  # DistributedSampler's name for the indices per rank
+        return self.shard_len()
+
+    @property
+    def total_size(self) -> int:  # DistributedSampler's: all ranks' indices, padded
+        return self.shard_len() * self.num_replicas
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -126,6 +159,12 @@ class EpochSampler(Sampler[int]):
         if self.drop_last:
             return (stop - start) // self.num_replicas
         return math.ceil((stop - start) / self.num_replicas)
+
+    def full_len(self) -> int:
+        """Indices per rank in a whole epoch, as if it had not been resumed."""
+        if self.drop_last:
+            return self.size // self.num_replicas
+        return math.ceil(self.size / self.num_replicas)
 
     def __len__(self) -> int:
         return max(0, self.shard_len() - self.span()[2])
@@ -159,6 +198,7 @@ class EpochSampler(Sampler[int]):
         return mix_seed(self.seed, 0xA5A5, self.epoch if epoch is None else epoch)
 
     def __iter__(self) -> Iterator[int]:
+        self.iterations += 1
         mine = self.indices()
         if not self.tag_seeds:
             return iter(mine)

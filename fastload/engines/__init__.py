@@ -5,7 +5,7 @@ engine by name (importing it only when used) and chooses one for a loader with t
 :mod:`fastload.engines.probe` measures the candidates on a declared dataset's first epoch.
 """
 
-from fastload.engines.base import Engine, EngineContext, EngineRequest
+from fastload.engines.base import Engine, EngineContext, EngineRequest, WorkerParts
 from fastload.engines.registry import (
     BACKENDS,
     ENGINES,
@@ -27,6 +27,7 @@ __all__ = [
     "EngineContext",
     "EngineRequest",
     "EngineSpec",
+    "WorkerParts",
     "blocker_of",
     "choose_backend",
     "engine_class",

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -60,20 +60,44 @@ class EngineRequest:
     cuda_available: bool | None = None
 
 
+@dataclass
+class WorkerParts:
+    """What fastload runs around the user's functions where torch's iterator runs them.
+
+    NOTE [what a rebuild copies]
+    A loader's public ``collate_fn`` and ``worker_init_fn`` are the user's own, because
+    Lightning and Accelerate re-create a loader from its public attributes. fastload's own
+    wrappers live here, read by the torch engine when it builds its iterator, and re-tuning
+    replaces ``worker_init_fn`` here, never on the loader.
+
+    Attributes:
+        collate_fn: the collate function torch's iterator runs (for a declared dataset the
+            user's inside :class:`~fastload.data.batchinfo.CollateWithInfo`); None: torch's
+            default.
+        worker_init_fn: the ``worker_init_fn`` torch's workers run (the user's inside
+            :class:`~fastload.meter.workers.MeasuredWorkerInit` when measured).
+    """
+
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    worker_init_fn: Callable[[int], None] | None = None
+
+
 @dataclass(frozen=True)
 class EngineContext:
     """What an engine is built from: the loader and the settings resolved for it.
 
     Attributes:
-        loader: the facade (a ``torch.utils.data.DataLoader``); the torch engine runs its
-            iterator, others read nothing from it.
+        loader: the facade (a ``torch.utils.data.DataLoader``); the torch engine reads its
+            public settings (workers, pinning, generator, timeout, ...), others nothing.
         dataset: the dataset as the engine runs it (without Normalize when the loader
             normalizes on the device).
-        batch_sampler: the batch plan, iterated once per epoch.
+        batch_sampler: the batch plan of this rank, iterated once per epoch (for an
+            unbatched loader, its index sampler).
         batch_size: the largest batch; None when a user batch sampler decides.
         device: where batches go (None: host memory).
         num_threads: the parallelism the settings chose (worker processes or threads).
         pin_memory: put host batches in pinned memory.
+        parts: fastload's collate and worker init (NOTE [what a rebuild copies]).
         draws_like_torch: persistence of workers was fastload's choice, not the user's
             (NOTE [auto persistence draws like torch] in :mod:`fastload.engines.torch`).
     """
@@ -86,6 +110,7 @@ class EngineContext:
     num_threads: int
     pin_memory: bool
     draws_like_torch: bool = False
+    parts: WorkerParts = field(default_factory=WorkerParts)
 
 
 class Engine(abc.ABC):

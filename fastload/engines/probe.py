@@ -37,6 +37,7 @@ import torch.utils.data
 from fastload.data import batchinfo
 from fastload.engines.base import Engine, EngineContext
 from fastload.engines.registry import Choice, engine_class
+from fastload.engines.torch import private_loader
 
 logger = logging.getLogger(__name__)
 
@@ -271,13 +272,11 @@ class _PrivateTorch(Engine):
 
 
 def _private_loader(context: EngineContext, batches: Iterable[list[int]]) -> torch.utils.data.DataLoader:
-    loader = context.loader
-    return torch.utils.data.dataloader.DataLoader(
-        context.dataset, batch_sampler=batches, num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
-        multiprocessing_context=loader.multiprocessing_context,
-        prefetch_factor=TRIAL_PREFETCH if loader.num_workers > 0 else None,
-        timeout=loader.timeout,
+    workers = context.loader.num_workers
+    return private_loader(
+        context.loader, context.dataset, batches, context.parts,
+        prefetch_factor=TRIAL_PREFETCH if workers > 0 else None, persistent_workers=False,
+        worker_init_fn=None, generator=None,
     )
 
 

@@ -1,14 +1,15 @@
 """The torch engine: torch's own DataLoader iterator, worker processes and all.
 
 With ``fastload/meter/workers.py`` (the workers' fetcher hook) and ``fastload/loader/first_epoch.py``
-this is all of fastload that touches torch's DataLoader internals (here its ``_iterator``,
-the persistent iterator torch keeps between epochs; docs/design.md lists each use). Everything torch does
+this is all of fastload that touches torch's DataLoader internals (here the private loader's
+``_iterator``, the persistent iterator torch keeps between epochs; docs/design.md lists each
+use). Everything torch does
 stays torch's: worker processes, their seeds, pinning, ``timeout``, ``in_order``.
 
 Example::
 
-    >>> engine = TorchEngine(loader, draws_like_torch=True)
-    >>> batches = engine.epoch()            # torch.utils.data.DataLoader.__iter__(loader)
+    >>> engine = TorchEngine.build(context)   # built by fastload.DataLoader
+    >>> batches = engine.epoch()               # torch's iterator over a private DataLoader
 """
 
 from __future__ import annotations
@@ -23,16 +24,23 @@ import torch
 import torch.utils.data
 import torch.utils.data.dataloader
 
-from fastload.engines.base import Engine, EngineContext
+from fastload.engines.base import Engine, EngineContext, WorkerParts
 
 logger = logging.getLogger(__name__)
 
 
 class TorchEngine(Engine):
-    """Runs a loader's epochs on torch's iterator.
+    """Runs a loader's epochs on torch's iterator, over a private torch DataLoader.
+
+    The private loader is the facade's settings (workers, pinning, prefetch, persistence,
+    generator, timeout, start method, order) with fastload's own parts (NOTE [what a
+    rebuild copies] in :mod:`fastload.engines.base`) and this rank's plan; the facade keeps
+    the user's own attributes. It lives across epochs, so persistent workers persist, and
+    is built again after :meth:`restart` (a re-tuned worker count).
 
     Args:
-        loader: the torch DataLoader (fastload's facade) whose epochs this engine runs.
+        context: what the loader built the engine from: the facade, the dataset as it
+            runs, this rank's plan, fastload's collate and worker init.
         draws_like_torch: persistence was fastload's choice, not the user's: draw the base
             seed torch would have drawn for a new iterator (NOTE [auto persistence draws
             like torch]).
@@ -42,13 +50,17 @@ class TorchEngine(Engine):
 
     @classmethod
     def build(cls, context: EngineContext) -> TorchEngine:
-        return cls(context.loader, draws_like_torch=context.draws_like_torch)
+        return cls(context, draws_like_torch=context.draws_like_torch)
 
-    def __init__(self, loader: torch.utils.data.DataLoader, *, draws_like_torch: bool = False) -> None:
+    def __init__(self, context: EngineContext, *, draws_like_torch: bool = False) -> None:
         # A weak reference: the loader holds its engine, and a cycle would keep an abandoned
         # loader, and its persistent workers, alive until the cycle collector runs.
-        self._loader_ref = weakref.ref(loader)
+        self._loader_ref = weakref.ref(context.loader)
+        self._dataset = context.dataset
+        self._plan = context.batch_sampler
+        self._parts = context.parts
         self._draws_like_torch = draws_like_torch
+        self._private: torch.utils.data.DataLoader | None = None
         self._current: weakref.ref[Iterator[Any]] | None = None
 
     @property
@@ -61,32 +73,37 @@ class TorchEngine(Engine):
     @property
     def reuses_iterator(self) -> bool:
         """Whether the next epoch resets torch's persistent iterator instead of building one."""
-        return self._loader._iterator is not None
+        return self._private is not None and self._private._iterator is not None
 
     def epoch(self) -> Iterator[Any]:
         loader = self._loader
-        if self._draws_like_torch and loader._iterator is not None:
+        private = self._private
+        if self._draws_like_torch and private is not None and private._iterator is not None:
             # NOTE [auto persistence draws like torch]
             # torch draws one base seed from the generator for every new iterator, but a
             # reused persistent iterator draws none. When persistence was fastload's choice,
             # not the user's, draw (and drop) that number, so the caller's random stream and
             # a RandomSampler's order in later epochs are exactly what torch's default gives.
             torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
-        # The defining module's class: ``torch.utils.data.DataLoader`` may be fastload's
-        # own facade where a script substituted it (benchmarks/torch_compat does).
         settings = getattr(loader, "settings", None)
         with warnings.catch_warnings():
             if settings is not None and settings.num_workers.source == "auto":
                 # NOTE [more workers than cores] in fastload.loader.dataloader
                 warnings.filterwarnings("ignore", message="This DataLoader will create")
-            iterator = torch.utils.data.dataloader.DataLoader.__iter__(loader)
+            if private is None:
+                private = self._private = private_loader(loader, self._dataset, self._plan, self._parts)
+            # The defining module's class: ``torch.utils.data.DataLoader`` may be fastload's
+            # own facade where a script substituted it (benchmarks/torch_compat does).
+            iterator = torch.utils.data.dataloader.DataLoader.__iter__(private)
         self._current = weakref.ref(iterator)
         return iterator
 
     def restart(self) -> None:
-        """Shut down persistent workers; the next epoch starts new ones from the dataset now."""
+        """Shut down persistent workers; the next epoch starts new ones from the dataset now
+        (and from the loader's settings now: a re-tuned worker count)."""
         if self._shut_down_persistent():
             logger.info("restarted the loader's persistent workers")
+        self._private = None
 
     def close(self) -> None:
         """Shut down the workers of the epoch in progress and the persistent ones."""
@@ -97,13 +114,48 @@ class TorchEngine(Engine):
 
     def _shut_down_persistent(self) -> bool:
         """Stop the iterator torch keeps between epochs, if any; whether there was one."""
-        loader = self._loader_ref()
-        if loader is None:  # gone with its persistent iterator
+        private = self._private
+        if private is None:
             return False
-        iterator = loader._iterator
-        loader._iterator = None
+        iterator = private._iterator
+        private._iterator = None
         _shut_down(iterator)
         return iterator is not None
+
+
+def private_loader(
+    loader: torch.utils.data.DataLoader, dataset: Any, plan: Any, parts: WorkerParts,
+    **overrides: Any,
+) -> torch.utils.data.DataLoader:
+    """A plain torch DataLoader with ``loader``'s settings over ``plan`` with fastload's parts.
+
+    ``plan`` is a batch sampler, or for an unbatched loader the index sampler; an iterable
+    dataset's loader batches by ``batch_size`` as the facade does. ``overrides`` replace
+    settings (the engine probe's trials prefetch less).
+    """
+    workers = int(loader.num_workers)
+    settings: dict[str, Any] = {
+        "num_workers": workers,
+        "collate_fn": parts.collate_fn,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": parts.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context if workers else None,
+        "generator": loader.generator,
+        "prefetch_factor": loader.prefetch_factor if workers else None,
+        "persistent_workers": bool(loader.persistent_workers) and workers > 0,
+        "in_order": loader.in_order,
+    }
+    if loader.pin_memory_device:
+        settings["pin_memory_device"] = loader.pin_memory_device
+    settings.update(overrides)
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        return torch.utils.data.dataloader.DataLoader(
+            dataset, batch_size=loader.batch_size, drop_last=loader.drop_last, **settings
+        )
+    if loader.batch_sampler is None:  # unbatched: the plan is the index sampler
+        return torch.utils.data.dataloader.DataLoader(dataset, batch_size=None, sampler=plan, **settings)
+    return torch.utils.data.dataloader.DataLoader(dataset, batch_sampler=plan, **settings)
 
 
 def _shut_down(iterator: Iterator[Any] | None) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 from fastload.meter import StarvationMeter
 from fastload.meter.analysis import batch_table
 from fastload.meter.report import MODERATELY_INPUT_BOUND
+from fastload.settings import Chosen
 from fastload.settings import retune as retune_setting
 
 if TYPE_CHECKING:
@@ -75,15 +76,16 @@ def retune(loader: DataLoader) -> bool:
     if chosen is None or chosen.value == loader.num_workers:
         return False
     loader.engine.restart()  # persistent workers of the old count
-    loader.num_workers = chosen.value
+    loader.num_workers = Chosen(chosen.value)  # NOTE [a rebuilt loader stays auto]
     loader.settings = replace(loader.settings, num_workers=chosen)
     # The workers' counters are sized per worker: the new count gets new ones, around the
-    # user's own worker_init_fn.
-    user_init = getattr(loader.worker_init_fn, "__wrapped__", loader.worker_init_fn)
-    loader.worker_init_fn = StarvationMeter.worker_init(
-        user_init, chosen.value, meter, in_order=loader.in_order
+    # user's own worker_init_fn (NOTE [what a rebuild copies]: fastload's parts, not the
+    # loader's public attribute).
+    parts = loader.worker_parts
+    parts.worker_init_fn = StarvationMeter.worker_init(
+        loader.worker_init_fn, chosen.value, meter, in_order=loader.in_order
     )
-    meter.watch_workers(loader.worker_init_fn)
+    meter.watch_workers(parts.worker_init_fn)
     meter.num_workers = chosen.value
     logger.info("num_workers: %s", chosen.reason)
     return True

@@ -25,27 +25,28 @@ import logging
 import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from typing import Any, Literal, TypeVar
 
 import torch
 import torch.utils.data
-from torch.utils.data import Dataset, IterableDataset, Sampler
+from torch.utils.data import Dataset, Sampler
 from torch.utils.data.dataloader import default_collate, default_convert
 
-from fastload import distributed
 from fastload.data import batchinfo
 from fastload.data.images import ImageFolder
 from fastload.data.sampling import EpochSampler
 from fastload.device import DeviceFeeder, resolve_device
-from fastload.engines import Backend, Choice, Engine, EngineContext, choose_backend, engine_class
+from fastload.engines import Backend, Choice, Engine, EngineContext, WorkerParts, choose_backend, engine_class
 from fastload.engines.probe import ProbeEngine
 from fastload.engines.threads import ThreadEngine
 from fastload.errors import ConfigError
 from fastload.loader import autotune, first_epoch, resume
 from fastload.loader.iterator import epoch_iterator
+from fastload.loader.plan import epoch_plan
 from fastload.loader.state import LoaderState
 from fastload.meter import StarvationMeter
-from fastload.settings import AUTO, LoaderSettings, resolve_settings
+from fastload.settings import AUTO, Chosen, LoaderSettings, resolve_settings
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         pin_memory_device: str = "",
         in_order: bool = True,
         device: str | torch.device | None = None,
-        meter: bool | StarvationMeter = True,
+        meter: bool | StarvationMeter | None = True,
         backend: Backend = "auto",
     ) -> None:
         target = resolve_device(device)
@@ -136,51 +137,106 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             backend, dataset, device=target, batched=batch_size is not None or batch_sampler is not None,
             collate_fn=collate_fn, worker_init_fn=worker_init_fn,
             probe=os.environ.get("FASTLOAD_ENGINE_PROBE", "1") != "0",
-            workers_set=settings.num_workers.source != "auto",
+            workers_set=settings.num_workers.source == "argument",
         )
         declared = isinstance(dataset, ImageFolder)
-        own_sampler = _epoch_sampler(dataset, sampler, batch_sampler, shuffle, generator, drop_last)
-        if own_sampler is not None:
-            sampler, shuffle = own_sampler, None
-        dataset, collate_fn, feeder = _stages(dataset, collate_fn, batched=bool(batch_size or batch_sampler),
-                                              device=target)
+        plan = epoch_plan(  # NOTE [the public plan and the rank's plan] in fastload.loader.plan
+            dataset, sampler, batch_sampler, shuffle=shuffle, generator=generator,
+            drop_last=drop_last, batch_size=batch_size if batch_sampler is None else None,
+        )
+        if plan.public is not None:
+            sampler, shuffle = plan.public, None
+        staged, collate, feeder = _stages(dataset, collate_fn, batched=bool(batch_size or batch_sampler),
+                                          device=target)
         # NOTE [probe samples reused]: served in the first epoch (fastload.loader.first_epoch).
         kept = settings.probe.kept if settings.probe is not None else None
+        workers = settings.num_workers.value
         with warnings.catch_warnings():
             if settings.num_workers.source == "auto":  # NOTE [more workers than cores]
                 warnings.filterwarnings("ignore", message=WORKER_COUNT_WARNING)
+            # torch gets the user's own values (NOTE [what a rebuild copies]); a count that
+            # fastload chose stays marked as chosen (NOTE [a rebuilt loader stays auto]).
             super().__init__(
                 dataset,
                 batch_size=batch_size,
                 shuffle=shuffle,
                 sampler=sampler,
                 batch_sampler=batch_sampler,
-                num_workers=settings.num_workers.value,
+                num_workers=_as_set(settings.num_workers),
                 collate_fn=collate_fn,
                 pin_memory=settings.pin_memory.value,
                 drop_last=drop_last,
                 timeout=timeout,
-                worker_init_fn=StarvationMeter.worker_init(
-                    worker_init_fn, settings.num_workers.value, meter, in_order=in_order,
-                    samples=kept,
-                ),
+                worker_init_fn=worker_init_fn,
                 multiprocessing_context=multiprocessing_context,
                 generator=generator,
-                prefetch_factor=settings.prefetch_factor.value,
+                prefetch_factor=_as_set(settings.prefetch_factor),
                 persistent_workers=settings.persistent_workers.value,
                 pin_memory_device=pin_memory_device,
                 in_order=in_order,
             )
-        self.settings: LoaderSettings = settings
-        self.device = target
-        self.skipped: list[batchinfo.Skipped] = []
-        self.state = LoaderState(owns_sampler=own_sampler is not None)
-        self._declared = declared
-        self._feeder = feeder
-        self._kept = first_epoch.planned(self, kept)
-        self.meter: StarvationMeter | None = _attach_meter(meter, self, settings, target, feeder)
-        self._choice = choice
-        self._engine = _build_engine(choice, self, settings, target)
+        parts = WorkerParts(collate, StarvationMeter.worker_init(
+            worker_init_fn, workers, meter if meter is not None else False, in_order=in_order,
+            samples=kept,
+        ))
+        # fastload's own attributes are set past torch's __setattr__ (NOTE [attributes a
+        # rebuild replays]); ``device`` and ``meter`` stay in vars(), so a rebuild keeps them.
+        _keep(
+            self, _settings=settings, device=target, skipped=[], _plan=plan, _parts=parts,
+            _stage_dataset=staged, state=LoaderState(owns_sampler=plan.owned),
+            _declared=declared, _feeder=feeder, _choice=choice,
+        )
+        _keep(self, _kept=first_epoch.planned(self, kept))
+        _keep(self, meter=_attach_meter(meter, self, settings, target, feeder))
+        _keep(self, _engine=_build_engine(choice, self, settings, target))
+
+    def __len__(self) -> int:
+        """Batches of one whole epoch on this rank, as torch counts them.
+
+        Also after :meth:`load_state_dict` mid-epoch: the resumed iteration yields only
+        what is left of the epoch, but the epoch's length stays what it is (as torchdata's
+        StatefulDataLoader counts it; Lightning and Accelerate read ``len()`` as the epoch
+        length).
+        """
+        rank_sampler = self._plan.rank_sampler
+        if rank_sampler is None:
+            return super().__len__()
+        samples = rank_sampler.full_len()
+        if self.batch_sampler is None:
+            return samples
+        size = self.batch_size or 1
+        return samples // size if self.drop_last else -(-samples // size)
+
+    @property
+    def settings(self) -> LoaderSettings:
+        """The resolved settings with their reasons, and the engine decision."""
+        return replace(self._settings, engine=self._engine_line())
+
+    @settings.setter
+    def settings(self, value: LoaderSettings) -> None:
+        _keep(self, _settings=value)
+
+    @property
+    def epoch_sampler(self) -> EpochSampler | None:
+        """fastload's sampler of this rank's share, which its engine runs; None when the
+        user's sampler or batch sampler decides the order (NOTE [the public plan and the
+        rank's plan])."""
+        return self._plan.rank_sampler
+
+    @property
+    def worker_parts(self) -> WorkerParts:
+        """fastload's own collate and worker init, which torch's workers run around the
+        user's (NOTE [what a rebuild copies]); re-tuning replaces ``worker_init_fn`` here."""
+        return self._parts
+
+    def _engine_line(self) -> str:
+        name = self.backend
+        if name == "auto":
+            return (
+                f"measured on the first epoch's first batches ({self._choice.reason}); "
+                "loader.backend and loader.backend_reason say which runs after the first batches"
+            )
+        return f"{name}: {self.backend_reason}"
 
     @property
     def backend(self) -> str:
@@ -198,6 +254,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         chosen = engine.chosen if isinstance(engine, ProbeEngine) else engine
         if isinstance(chosen, ThreadEngine):
             reason += f"; JPEG decoder {chosen.decoder_reason}"
+        public = self._plan.public
+        if public is not None and public.iterations:
+            reason += (
+                f"; note: another DataLoader iterated this loader's sampler {public.iterations} "
+                "time(s) (a framework rebuilt it as a plain torch DataLoader, as Accelerate's "
+                "prepare() does): fastload's engine and meter do not run there "
+                "(docs/integrations.md)"
+            )
         return reason
 
     @property
@@ -221,7 +285,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._revalidate()
             autotune.retune(self)
         if state.owns_sampler:
-            self.sampler.set_epoch(state.epoch)
+            self._plan.rank_sampler.set_epoch(state.epoch)
+            self._plan.public.set_epoch(state.epoch)
         progress = resume.start_epoch(self, state)
         state.epoch += 1
         plan, state.replay, state.loaded = state.replay, None, None
@@ -248,9 +313,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         stat each file. When files changed, persistent workers hold the old versions, so the
         engine restarts them: this epoch starts fresh workers (logged at INFO).
         """
-        if not self._declared or self.dataset.cache is None or self.dataset.reads_current_versions:
+        dataset = self._stage_dataset
+        if not self._declared or dataset.cache is None or dataset.reads_current_versions:
             return
-        if self.dataset.revalidate():
+        if dataset.revalidate():
             self._engine.restart()
             self.state.first_rng = None  # the new workers start from this epoch's state
 
@@ -276,7 +342,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
             >>> loader.load_state_dict(torch.load(path)["data"])
         """
-        self.state = resume.load_state_dict(self, self.state, state_dict)
+        _keep(self, state=resume.load_state_dict(self, self.state, state_dict))
 
 
 # NOTE [consistency]
@@ -287,34 +353,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 # with the dataset, or are restarted when they persist); a changed object then gets a new key
 # and its new bytes. A local dataset needs none of this: each read stats its file (NOTE [a stat
 # per local read] in fastload.cache.tiered). The full model: docs/reliability.md.
-
-
-def _epoch_sampler(
-    dataset: Dataset,
-    sampler: Sampler | Iterable | None,
-    batch_sampler: Sampler[list] | Iterable[list] | None,
-    shuffle: bool | None,
-    generator: torch.Generator | None,
-    drop_last: bool,
-) -> EpochSampler | None:
-    """fastload's own sampler, where the loader owns the order; None keeps torch's.
-
-    It owns the epoch order, the rank's shard (NOTE [one seed for all ranks]) and the
-    per-sample seeds of declared datasets (NOTE [per-sample seeds]): for a declared dataset,
-    and under torch.distributed for any map-style dataset, when the user passed no sampler.
-    """
-    declared = isinstance(dataset, ImageFolder)
-    ranks = distributed.rank_info()
-    if sampler is not None or batch_sampler is not None:
-        return None
-    if not (declared or (ranks.distributed and not isinstance(dataset, IterableDataset))):
-        return None
-    return EpochSampler(
-        dataset, shuffle=bool(shuffle),
-        seed=distributed.agree_seed(_base_seed(dataset, generator), ranks),
-        num_replicas=ranks.world_size, rank=ranks.rank, drop_last=drop_last,
-        tag_seeds=declared,
-    )
 
 
 def _stages(
@@ -343,10 +381,10 @@ def _build_engine(
 ) -> Any:
     """The engine that runs the loader's epochs (:mod:`fastload.engines`)."""
     context = EngineContext(
-        loader=loader, dataset=loader.dataset, batch_sampler=loader.batch_sampler,
+        loader=loader, dataset=loader._stage_dataset, batch_sampler=_engine_plan(loader),
         batch_size=loader.batch_size, device=device, num_threads=settings.num_workers.value,
         pin_memory=settings.pin_memory.value,
-        draws_like_torch=settings.persistent_workers.source == "auto",
+        draws_like_torch=settings.persistent_workers.source == "auto", parts=loader.worker_parts,
     )
     if choice.name == "probe":
         return ProbeEngine.build(context, choice)
@@ -361,7 +399,7 @@ def _attach_meter(
     feeder: DeviceFeeder | None,
 ) -> StarvationMeter | None:
     """The loader's meter, told what the diagnosis needs: workers, machine, device."""
-    if meter is False:
+    if meter is False or meter is None:  # None: a rebuild of a loader built with meter=False
         return None
     if meter is True:
         meter = StarvationMeter()
@@ -375,26 +413,45 @@ def _attach_meter(
     if loader.batch_size is None and loader.batch_sampler is None:
         meter.batch_size = 1  # torch yields single samples
     elif not loader._declared:  # a declared dataset may skip samples: counted by looking
-        meter.count_by_sampler(loader)
+        meter.count_by_sampler(loader, batch_sampler=_engine_plan(loader))
     if device is not None and device.type == "cuda":
         meter.on_device = True
         if meter.gpu is None:
             meter.gpu = True
     meter.copy_split = feeder is not None
     # The workers' own counters (fastload.meter.workers), when torch was given our init.
-    meter.watch_workers(loader.worker_init_fn if meter.num_workers else None)
+    meter.watch_workers(loader.worker_parts.worker_init_fn if meter.num_workers else None)
     return meter
 
 
-def _base_seed(dataset: Dataset, generator: torch.Generator | None) -> int:
-    """The seed of an epoch-seeded order (and of a declared dataset's augmentation).
+def _engine_plan(loader: DataLoader) -> Any:
+    """This rank's plan: fastload's (NOTE [the public plan and the rank's plan]), else the
+    loader's own batch sampler (or, unbatched, its sampler) as torch built it."""
+    plan = loader._plan.batches
+    if plan is not None:
+        return plan
+    return loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
 
-    ``torch.initial_seed()`` follows ``torch.manual_seed`` without consuming random numbers,
-    so a fastload loader leaves torch's global random stream exactly where torch would.
+
+def _as_set(setting: Any) -> Any:
+    """A setting's value as the loader's public attribute: a count fastload chose is a
+    :class:`~fastload.settings.Chosen` (NOTE [a rebuilt loader stays auto])."""
+    value = setting.value
+    if setting.source != "argument" and isinstance(value, int) and not isinstance(value, bool):
+        return Chosen(value)
+    return value
+
+
+def _keep(loader: DataLoader, **values: Any) -> None:
+    """Set fastload's own attributes past the class's ``__setattr__``.
+
+    NOTE [attributes a rebuild replays]
+    Lightning patches ``__setattr__`` of every DataLoader class to record attributes set
+    after torch's ``__init__`` and replays them on a loader it re-creates. Where fastload
+    was imported after Lightning patched (its ``__init__`` not patched, torch's is), every
+    attribute fastload sets after ``super().__init__`` would be copied onto the new loader,
+    its engine and state included. Set this way, they are not: a rebuilt loader builds its
+    own. torch's ``__setattr__`` checks only its own attributes, none of these.
     """
-    seed = dataset.seed if isinstance(dataset, ImageFolder) else None
-    if seed is not None:
-        return seed
-    return generator.initial_seed() if generator is not None else torch.initial_seed()
-
-
+    for name, value in values.items():
+        object.__setattr__(loader, name, value)

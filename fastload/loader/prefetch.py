@@ -45,7 +45,7 @@ def follow_loader(loader: DataLoader, source: Iterator[Any], *, start_batch: int
     dataset = loader.dataset
     storage = getattr(dataset, "storage", None)
     cache = getattr(dataset, "cache", None)  # ImageFolder.cache
-    sampler = loader.sampler
+    sampler = loader.epoch_sampler
     batch = loader.batch_size
     if (
         not isinstance(cache, TieredCache)

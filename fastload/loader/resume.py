@@ -90,7 +90,7 @@ def start_epoch(loader: DataLoader, state: LoaderState) -> Progress:
     epoch = state.epoch
     progress = Progress(epoch)
     if mode_of(state) == SHARDED:
-        sampler: EpochSampler = loader.sampler  # type: ignore[assignment]
+        sampler: EpochSampler = loader.epoch_sampler  # type: ignore[assignment]
         start, stop, skip = sampler.span(epoch)
         progress.span, progress.skip, progress.shard_len = (start, stop), skip, sampler.shard_len(epoch)
     else:
@@ -126,7 +126,7 @@ def state_dict(loader: DataLoader, state: LoaderState) -> dict[str, Any]:
         epoch, batches = progress.epoch, progress.batches
     saved: dict[str, Any] = {K_FORMAT: FORMAT, K_MODE: mode_of(state), K_EPOCH: epoch, K_BATCHES: batches}
     if saved[K_MODE] == SHARDED:
-        sampler: EpochSampler = loader.sampler  # type: ignore[assignment]
+        sampler: EpochSampler = loader.epoch_sampler  # type: ignore[assignment]
         if batches:
             assert progress is not None
             span, consumed = progress.span, progress.skip + _indices_in(loader, progress)
@@ -193,7 +193,7 @@ def load_state_dict(loader: DataLoader, state: LoaderState, saved: dict[str, Any
 
 
 def _restore_sharded(loader: DataLoader, state: dict[str, Any], epoch: int) -> None:
-    sampler: EpochSampler = loader.sampler  # type: ignore[assignment]
+    sampler: EpochSampler = loader.epoch_sampler  # type: ignore[assignment]
     for key, mine in ((K_SIZE, sampler.size), (K_SHUFFLE, sampler.shuffle), (K_DROP_LAST, sampler.drop_last)):
         if state[key] != mine:
             raise ConfigError(

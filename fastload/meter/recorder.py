@@ -237,7 +237,7 @@ class StarvationMeter:
             self._wpass.append([self.workers.totals(), None, self._fresh])
         self._fresh = False
 
-    def count_by_sampler(self, loader: Any) -> None:
+    def count_by_sampler(self, loader: Any, batch_sampler: Any = None) -> None:
         """Count each batch of a torch-style loader as ``batch_size`` samples, not by looking.
 
         NOTE [samples from the batch sampler]
@@ -251,7 +251,7 @@ class StarvationMeter:
         """
         import torch.utils.data
 
-        sampler = getattr(loader, "batch_sampler", None)
+        sampler = batch_sampler if batch_sampler is not None else getattr(loader, "batch_sampler", None)
         if self.batch_size is not None or type(sampler) is not torch.utils.data.BatchSampler:
             return
         inner = sampler.sampler

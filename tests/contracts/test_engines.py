@@ -61,7 +61,8 @@ def labels_of(batches) -> list[list[int]]:
 
 
 def plan_of(loader: DataLoader, epoch: int) -> list[list[int]]:
-    """The batch plan of an epoch: what the loader's own batch sampler says, as indices."""
+    """The batch plan of an epoch: what the loader's own batch sampler says, as indices
+    (one process: the public order is this rank's)."""
     loader.sampler.set_epoch(epoch)
     return [[int(i) for i in batch] for batch in loader.batch_sampler]
 
