@@ -10,11 +10,14 @@ persistent workers, and after a mid-epoch resume: everything follows from (seed,
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Sized
 
 import torch
 from torch.utils.data.distributed import DistributedSampler
+
+logger = logging.getLogger(__name__)
 
 _MASK64 = (1 << 64) - 1
 
@@ -199,6 +202,17 @@ class EpochSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         self.iterations += 1
+        if self.loader_view and self.iterations == 1:
+            # Only another DataLoader iterates a loader's public order (fastload's engine
+            # runs its rank's twin): say once that fastload's engine is not the one running.
+            logger.warning(
+                "a fastload.DataLoader's sampler is being iterated by another DataLoader (a "
+                "framework rebuilt the loader as torch's own class, as Accelerate's prepare() "
+                "and skip_first_batches() do): the batches are the same, but fastload's engine "
+                "and starvation meter do not run there. To keep them under Accelerate, leave "
+                "the loader out of prepare() and pass DataLoader(..., device=accelerator.device) "
+                "(docs/integrations.md)"
+            )
         mine = self.indices()
         if not self.tag_seeds:
             return iter(mine)

@@ -127,6 +127,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         backend: Backend = "auto",
     ) -> None:
         target = resolve_device(device)
+        batched = batch_size is not None or batch_sampler is not None
+        if collate_fn is (default_collate if batched else default_convert):
+            collate_fn = None  # torch's default, as a rebuild reads it back: not a custom one
         settings = resolve_settings(
             dataset, num_workers=num_workers, pin_memory=pin_memory,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, device=target,
@@ -134,7 +137,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         )
         # The engine is chosen from what the user passed, before fastload wraps collate_fn.
         choice = choose_backend(
-            backend, dataset, device=target, batched=batch_size is not None or batch_sampler is not None,
+            backend, dataset, device=target, batched=batched,
             collate_fn=collate_fn, worker_init_fn=worker_init_fn,
             probe=os.environ.get("FASTLOAD_ENGINE_PROBE", "1") != "0",
             workers_set=settings.num_workers.source == "argument",
@@ -201,6 +204,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         rank_sampler = self._plan.rank_sampler
         if rank_sampler is None:
             return super().__len__()
+        self._plan.follow_ranks(agree=False)  # NOTE [a loader built before the process group]
         samples = rank_sampler.full_len()
         if self.batch_sampler is None:
             return samples
@@ -236,7 +240,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 f"measured on the first epoch's first batches ({self._choice.reason}); "
                 "loader.backend and loader.backend_reason say which runs after the first batches"
             )
-        return f"{name}: {self.backend_reason}"
+        reason = self.backend_reason
+        return reason if reason.startswith(f"{name}:") else f"{name}: {reason}"
 
     @property
     def backend(self) -> str:
@@ -285,6 +290,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._revalidate()
             autotune.retune(self)
         if state.owns_sampler:
+            self._plan.follow_ranks(agree=True)  # NOTE [a loader built before the process group]
             self._plan.rank_sampler.set_epoch(state.epoch)
             self._plan.public.set_epoch(state.epoch)
         progress = resume.start_epoch(self, state)
@@ -342,6 +348,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
             >>> loader.load_state_dict(torch.load(path)["data"])
         """
+        self._plan.follow_ranks(agree=True)  # every rank loads: the same moment for all
         _keep(self, state=resume.load_state_dict(self, self.state, state_dict))
 
 

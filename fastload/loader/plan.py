@@ -62,6 +62,31 @@ class Plan:
     public: EpochSampler | None = None
     rank_sampler: EpochSampler | None = None
     batches: Any = None
+    seed_agreed: bool = True
+
+    def follow_ranks(self, *, agree: bool) -> None:
+        """Split by the ranks as they are now; with ``agree``, also agree on the seed.
+
+        NOTE [a loader built before the process group]
+        Lightning's launcher sets the rank's environment and starts the process group inside
+        ``trainer.fit``; a loader passed to ``fit`` was built before, as one process. Since
+        its public sampler is a DistributedSampler, Lightning adds no split of its own, so
+        the loader takes its rank's share when it is next measured (``len``) or iterated.
+        The ranks agree on the seed at the first iteration after that (a collective: every
+        rank iterates its loader, as DDP training does; ``len`` exchanges nothing).
+        """
+        mine = self.rank_sampler
+        if mine is None:
+            return
+        ranks = distributed.rank_info()
+        if (mine.rank, mine.num_replicas) != (ranks.rank, ranks.world_size):
+            mine.rank, mine.num_replicas = ranks.rank, ranks.world_size
+            self.seed_agreed = ranks.world_size == 1
+            logger.info("the loader now reads rank %d's share of %d", ranks.rank, ranks.world_size)
+        if agree and not self.seed_agreed and ranks.connected:
+            seed = distributed.agree_seed(mine.seed, ranks)
+            mine.seed = self.public.seed = seed  # type: ignore[union-attr]
+            self.seed_agreed = True
 
     @property
     def owned(self) -> bool:
