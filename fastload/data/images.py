@@ -125,13 +125,11 @@ class ImageFolder(TorchvisionFolder, Dataset):
 
     Attributes:
         samples: ``(path, label)`` of each sample (``imgs`` too), ``targets`` their labels,
-            ``classes`` the class names, ``class_to_idx`` name -> label, like torchvision's;
-            ``loader``, ``transform``, ``target_transform``, ``extensions`` as given. ``samples``
-            and ``targets`` are read-only views of :attr:`index` (lists of a million tuples
-            would cost ~300 bytes a sample in every worker), not lists: index, slice,
-            iterate and compare them like lists; to choose samples, pass a list of
-            ``(path, label)`` as ``root``, override ``make_dataset``, or wrap the dataset in
-            ``torch.utils.data.Subset``.
+            ``classes``, ``class_to_idx``, ``loader``, ``transform``, ``target_transform``,
+            ``extensions``: torchvision's. ``samples`` and ``targets`` are read-only views of
+            :attr:`index` (a list of a million tuples costs ~300 bytes a sample in every
+            worker): index, slice, iterate and compare them like lists; to choose samples, pass
+            ``(path, label)`` pairs as ``root``, override ``make_dataset``, or use ``Subset``.
         index: the :class:`~fastload.data.index.DatasetIndex` of paths, labels, sizes and
             versions (numpy arrays, ~100 bytes a sample).
     """
@@ -210,13 +208,9 @@ class ImageFolder(TorchvisionFolder, Dataset):
         remote folder). The sample set stays as built, like torchvision's: a file deleted
         since raises ObjectNotFoundError naming it when read (or is skipped), new files are
         ignored. ``fastload.DataLoader`` calls this before every epoch after the first of a
-        cached remote dataset; a local one stats each file at each read
-        (:attr:`reads_current_versions`), so a call only logs what changed and updates the
-        index and stored listing (docs/reliability.md, "Consistency model").
-
-        Returns the number of samples whose version changed (deleted ones included).
-
-        Example::
+        cached remote dataset (a local one stats each file at each read, so this only logs
+        and updates the index; docs/reliability.md). Returns the number of samples whose
+        version changed (deleted ones included). Example::
 
             >>> ds = ImageFolder("/data/train", cache="/nvme/fastload")
             >>> ds.revalidate()          # after files were rewritten
@@ -389,9 +383,7 @@ class ImageFolder(TorchvisionFolder, Dataset):
         Every engine calls this after ``pipeline.run(data, seed)`` with the same seed, so they
         all give the same sample; without a transform (or with one fully compiled) it returns
         ``image`` unchanged. Safe from several threads (NOTE [one lock for the global
-        generators] in :mod:`fastload.data.transforms`).
-
-        Example::
+        generators] in :mod:`fastload.data.transforms`). Example::
 
             >>> image = ds.pipeline.run(ds.read_bytes(3), seed=11)
             >>> sample = ds.finish(image, seed=11)      # == ds.load(SampleIndex(3, 11))[0]
