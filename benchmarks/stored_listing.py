@@ -50,10 +50,10 @@ def _build(url: str, cache: str) -> dict:
 
 def synthetic(n: int, repeats: int, work: Path) -> None:
     from fastload.cache import open_cache
-    from fastload.data.images import IMAGE_EXTENSIONS
+    from fastload.data.folder_rules import FolderRules
     from fastload.data.index import DatasetIndex
     from fastload.data.listing import prefix_of
-    from fastload.data.stored_listing import StoredListing, listing_key
+    from fastload.data.stored_listing import StoredListing
     from fastload.io.storage import Storage
 
     root, cache = work / "synthetic_root", str(work / "synthetic_cache")
@@ -63,9 +63,7 @@ def synthetic(n: int, repeats: int, work: Path) -> None:
     labels = [int(p[1:9]) for p in paths]
     versions = [f"{100_000 + i}:1764403200{i:09d}:{5_308_443 + i}:1764403200{i:09d}" for i in range(n)]
     storage = Storage(root)
-    exts = tuple(e.lower() for e in IMAGE_EXTENSIONS)
-    stored = StoredListing(open_cache(cache), listing_key(storage.url, exts, {}), url=storage.url,
-                           extensions=exts, prefix=prefix_of(storage))
+    stored = StoredListing.of(open_cache(cache), storage, FolderRules(), {})  # ImageFolder's defaults
     index = DatasetIndex.build(prefix_of(storage), paths, labels, classes=classes,
                                versions=versions, extra=stored.extra())
     start = time.perf_counter()

@@ -12,6 +12,8 @@ meaning that callers already test for (``ValueError`` for a bad argument,
     ├── MissingDependencyError (ImportError) an optional package (an extra) is not installed
     ├── DatasetError                      a dataset cannot be listed or read
     │   ├── EmptyDatasetError (ValueError)
+    │   │   └── EmptyClassError (FileNotFoundError)   no class folder, or one without a valid
+    │   │                                 file: torchvision's FileNotFoundError
     │   └── SampleError                   one sample failed; .index and .path name it
     │       ├── CorruptSampleError        its bytes do not decode (truncated, not an image,
     │       │                             a decompression bomb)
@@ -71,6 +73,14 @@ class DatasetError(FastloadError):
 
 class EmptyDatasetError(DatasetError, ValueError):
     """A dataset root exists but holds no usable sample."""
+
+
+class EmptyClassError(EmptyDatasetError, FileNotFoundError):
+    """A root without class folders, or a class folder without a valid file.
+
+    torchvision's ``ImageFolder`` raises ``FileNotFoundError`` for both, so this is one too;
+    ``ImageFolder(..., allow_empty=True)`` keeps an empty class folder as a class instead.
+    """
 
 
 class SampleError(DatasetError):

@@ -24,9 +24,10 @@ from torch.utils.data import Dataset
 from fastload import ImageFolder
 from fastload.cache import open_cache
 from fastload.data.index import DatasetIndex, IndexFormatError
+from fastload.data.folder_rules import FolderRules
 from fastload.data.index_format import MAGIC, Columns, encode
 from fastload.data.listing import prefix_of
-from fastload.data.stored_listing import StoredListing, listing_key
+from fastload.data.stored_listing import StoredListing
 from fastload.errors import ConfigError
 from fastload.io.storage import Storage
 
@@ -176,11 +177,7 @@ def big(tmp_path_factory) -> tuple[str, str]:
     labels = [i % 1000 for i in order]
     versions = [f"{100_000 + i}:1764403200{i:09d}:{5_308_443 + i}:1764403200{i:09d}" for i in order]
     storage = Storage(root)
-    exts = tuple(e.lower() for e in ImageFolder.__init__.__kwdefaults__["extensions"])
-    stored = StoredListing(
-        open_cache(cache_dir), listing_key(storage.url, exts, {}), url=storage.url,
-        extensions=exts, prefix=prefix_of(storage),
-    )
+    stored = StoredListing.of(open_cache(cache_dir), storage, FolderRules(), {})  # ImageFolder's defaults
     assert stored.save(DatasetIndex.build(
         prefix_of(storage), paths, labels, classes=classes, versions=versions, extra=stored.extra()
     ))

@@ -14,14 +14,16 @@ Example::
     >>> loader = DataLoader(ds, batch_size=256, shuffle=True)
 
 Layout: ``root/<class name>/<file>``, any depth below the class folder, like torchvision's
-``ImageFolder``; classes are the sorted folder names, labels their positions. An explicit
-list of ``(path, label)`` pairs works too: ``ImageFolder([("a.jpg", 0), ("b.jpg", 1)])``.
+``ImageFolder``, whose arguments it takes and whose classes, labels and sample order it gives
+(NOTE [torchvision's folder rules] in :mod:`fastload.data.folder_rules`). An explicit list of
+``(path, label)`` pairs works too: ``ImageFolder([("a.jpg", 0), ("b.jpg", 1)])``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -37,55 +39,72 @@ from fastload.arguments import (
     check_number,
     check_optional_int,
     check_size,
-    check_strings,
 )
 from fastload.cache import TieredCache, open_cache
 from fastload.cache.filesystem import CachedReads
 from fastload.data import batchinfo, listing, sample_errors
-from fastload.data.folder_args import check_root, check_steps, check_transform_alone
-from fastload.data.index_views import IndexVersions, SamplesView, TargetsView
+from fastload.data.folder_args import check_callables, check_root, check_steps, decode_steps
+from fastload.data.folder_rules import (
+    IMAGE_EXTENSIONS,
+    FolderRules,
+    default_loader,
+    folder_rules,
+    is_default_loader,
+    name_of,
+)
+from fastload.data.index_views import IndexVersions
 from fastload.data.pipeline import ImagePipeline, Normalize
 from fastload.data.sample_errors import DECODE_ERRORS
 from fastload.data.sampling import mix_seed
-from fastload.data.stored_listing import (
-    DEFAULT_MAX_AGE_S,
-    StoredListing,
-    index_of_root,
-    store_versions,
-)
+from fastload.data.stored_listing import DEFAULT_MAX_AGE_S, store_versions
+from fastload.data.torchvision_folder import TorchvisionFolder, list_pairs, list_root
 from fastload.data.transcode import transcoding
-from fastload.data.transforms import CompiledTransform, compile_transform
-from fastload.errors import ConfigError, CorruptSampleError, SampleError, StorageError
+from fastload.data.transforms import CompiledTransform
+from fastload.errors import CorruptSampleError, SampleError, StorageError
 from fastload.errors import UnreadableSampleError
 from fastload.io.storage import Storage
 
 logger = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-
 OnError = Literal["raise", "skip"]
+
+_each_sample = threading.local()  # .raising: a subclass's __getitem__ runs inside __getitems__
 
 __all__ = ["DECODE_ERRORS", "IMAGE_EXTENSIONS", "ImageFolder"]
 
 
-class ImageFolder(Dataset):
+class ImageFolder(TorchvisionFolder, Dataset):
     """Images below ``root`` (class-per-folder), or an explicit list of ``(path, label)``.
+
+    Takes torchvision's ``ImageFolder`` arguments in its order, with their meaning
+    (``ImageFolder(root, transform, target_transform, loader, is_valid_file, allow_empty)``)
+    and fastload's own by keyword. A subclass may override ``find_classes`` and
+    ``make_dataset`` as in torchvision; both are honoured.
 
     Args:
         root: an fsspec URL or local path of the class folders, or a list of (path, label).
-        size: output (h, w) in pixels, or one int for square images.
-        train: True = random-resized-crop + horizontal flip; False = resize + center crop.
-        normalize: True for ImageNet mean/std, a :class:`Normalize`, or False for uint8.
-            On a loader with ``device=`` set it runs on that device, batched.
-        pipeline: a full :class:`ImagePipeline`, instead of ``size/train/normalize``.
         transform: the user's own torchvision (v1 or v2) transform, instead of ``pipeline``
-            and ``size/train/normalize``, as torchvision's ImageFolder takes it:
-            ``ImageFolder(root, transform=T.Compose([T.RandomResizedCrop(224),
+            and ``size/train/normalize``: ``ImageFolder(root, T.Compose([T.RandomResizedCrop(224),
             T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(mean, std)]))``. Its leading
             geometric steps compile into the decode, the rest runs unchanged on the uint8
             tensor, seeded per sample; a trailing "to float + Normalize" moves to the device
             with ``DataLoader(device=...)``. ``ds.compiled.notes`` say what went where
             (docs/transforms.md).
+        target_transform: called on each label; on every engine (threads and DALI collate
+            its results as torch's ``default_collate`` does).
+        loader: ``path -> sample``, as torchvision's. The default (fastload's or torchvision's
+            PIL loader) is the declared decode. Another reads each file itself (a local path,
+            or a remote file's URL) and ``transform`` gets its output as it is, seeded per
+            sample: only torch workers run it, ``loader.backend_reason`` says so.
+        is_valid_file: ``path -> bool`` choosing the samples, instead of ``extensions``.
+        allow_empty: keep a class folder without a valid file as a class without samples;
+            by default it raises :class:`~fastload.errors.EmptyClassError` (a
+            ``FileNotFoundError``), as torchvision does.
+        size: output (h, w) in pixels, or one int for square images.
+        train: True = random-resized-crop + horizontal flip; False = resize + center crop.
+        normalize: True for ImageNet mean/std, a :class:`Normalize`, or False for uint8.
+            On a loader with ``device=`` set it runs on that device, batched.
+        pipeline: a full :class:`ImagePipeline`, instead of ``size/train/normalize``.
         cache: where bytes are cached: a directory (``"~/.cache/fastload"``), a dict or
             :class:`~fastload.cache.CacheConfig` (memory and disk sizes, policy), or
             ``None`` to read the origin every time. See docs/cache.md.
@@ -95,43 +114,43 @@ class ImageFolder(Dataset):
             with ``.index`` and ``.path``, the same from worker processes; "skip": it is left
             out of its batch, listed in ``loader.skipped`` and reported at the epoch end.
         seed: seed of the random augmentations; None follows ``torch.manual_seed``.
-        extensions: file endings that count as images (case-insensitive).
+        extensions: file endings that count as samples (case-insensitive); torchvision's
+            image endings unless ``is_valid_file`` is given (not both, as in torchvision).
         storage_options: passed to fsspec (credentials, endpoint, ...).
-        listing_max_age: seconds a listing stored in the cache is reused instead of
-            listing the root again (NOTE [the stored listing]); 0 = always list. The
-            default, an hour, covers what the stored listing is for: every rank and node
-            starting together, and restarts after a crash or a preemption, list nothing;
-            and it bounds how old a reused sample set can be, so files added to the root
-            are in a new ImageFolder within the hour without anyone asking. Versions are
-            still checked (docs/reliability.md). Needs a cache with a disk or Redis tier;
-            without one the root is listed every time.
+        listing_max_age: seconds a listing stored in the cache (disk or Redis tier) is
+            reused instead of listing the root again (NOTE [the stored listing]); 0 = always
+            list. The default, an hour, lets every rank, node and restart of a run list
+            nothing, and bounds how old a reused sample set can be: files added to the root
+            are in a new ImageFolder within the hour. Versions are still checked.
 
     Attributes:
-        samples: ``(path, label)`` of each sample, ``targets`` their labels, ``classes``
-            the class names, ``class_to_idx`` name -> label, like torchvision's. ``samples``
-            and ``targets`` are read-only views of :attr:`index` (lists of a million tuples
-            would cost ~300 bytes a sample in every worker), not lists: index, slice,
-            iterate and compare them like lists; to choose samples, pass a list of
-            ``(path, label)`` as ``root`` or wrap the dataset in ``torch.utils.data.Subset``.
+        samples: ``(path, label)`` of each sample (``imgs`` too), ``targets`` their labels,
+            ``classes``, ``class_to_idx``, ``loader``, ``transform``, ``target_transform``,
+            ``extensions``: torchvision's. ``samples`` and ``targets`` are read-only views of
+            :attr:`index` (a list of a million tuples costs ~300 bytes a sample in every
+            worker): index, slice, iterate and compare them like lists; to choose samples, pass
+            ``(path, label)`` pairs as ``root``, override ``make_dataset``, or use ``Subset``.
         index: the :class:`~fastload.data.index.DatasetIndex` of paths, labels, sizes and
             versions (numpy arrays, ~100 bytes a sample).
     """
 
-    fastload_worker_safe = True  # see NOTE [auto never changes the batches]
-
     def __init__(
         self,
         root: str | os.PathLike[str] | Sequence[tuple[str, int]],
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
+        loader: Callable[[str], Any] = default_loader,
+        is_valid_file: Callable[[str], bool] | None = None,
+        allow_empty: bool = False,
         *,
         size: int | tuple[int, int] = 224,
         train: bool = False,
         normalize: bool | Normalize = False,
         pipeline: ImagePipeline | None = None,
-        transform: Callable[[Any], Any] | None = None,
         cache: Any = None,
         on_error: OnError = "raise",
         seed: int | None = None,
-        extensions: Sequence[str] = IMAGE_EXTENSIONS,
+        extensions: Sequence[str] | None = None,
         storage_options: dict[str, Any] | None = None,
         listing_max_age: float = DEFAULT_MAX_AGE_S,
     ) -> None:
@@ -141,22 +160,17 @@ class ImageFolder(Dataset):
         train = check_bool(where, "train", train)
         check_steps(normalize, pipeline)
         seed = check_optional_int(where, "seed", seed)
-        extensions = check_strings(where, "extensions", extensions, example="('.jpg', '.png')")
         storage_options = check_mapping(where, "storage_options", storage_options)
         self.listing_max_age = check_number(where, "listing_max_age", listing_max_age, low=0)
-        check_root(root)
-        self.transform = transform  # the user's object, as given
-        self.compiled: CompiledTransform | None = None
-        if transform is not None:
-            check_transform_alone(pipeline, size, train, normalize)
-            self.compiled = compile_transform(transform)
-            self.pipeline = self.compiled.pipeline
-        else:
-            self.pipeline = pipeline or ImagePipeline.standard(size, train=train, normalize=normalize)
+        check_root(root, is_valid_file)
+        check_callables(target_transform=target_transform, loader=loader)
+        rules = folder_rules(extensions, is_valid_file, allow_empty)
+        self.transform, self.target_transform, self.loader = transform, target_transform, loader
+        self.extensions = rules.extensions  # None with is_valid_file, as torchvision's
+        self.compiled: CompiledTransform | None
+        self.pipeline, self.compiled = decode_steps(loader, transform, pipeline, size, train, normalize, cache)
         self.on_error: OnError = on_error
         self.seed = seed
-        self.extensions = tuple(e.lower() for e in extensions)
-        self._listed_root = isinstance(root, (str, os.PathLike))  # else an explicit file list
         self._cache = open_cache(cache)
         # cache={..., "transcode": {...}}: reads (and the prefetcher, which fills
         # self.cache) keep re-encoded images under their own keys (docs/cache.md).
@@ -165,45 +179,17 @@ class ImageFolder(Dataset):
         # by the index's versions (passed with each read; NOTE [cache keys]).
         reads = None if self._cache is None else CachedReads(self._cache)
         versions = IndexVersions()
-        self._stored: StoredListing | None = None  # where this index may be stored again
-        if isinstance(root, (str, os.PathLike)):
-            self.storage = Storage(os.fspath(root), storage_options, read_through=reads, versions=versions)
-            self.index, self._stored = index_of_root(
-                self.storage, self._cache, extensions=self.extensions, on_error=self.on_error,
-                max_age=self.listing_max_age, storage_options=storage_options,
-            )
-        else:
-            self.storage = Storage("/", storage_options, read_through=reads, versions=versions)
-            self.index = listing.index_of_pairs(self.storage, root, snapshot=self._cache is not None)
+        listed_root = isinstance(root, (str, os.PathLike))  # else an explicit file list
+        url = os.fspath(root) if listed_root else "/"  # type: ignore[arg-type]
+        self.storage = Storage(url, storage_options, read_through=reads, versions=versions)
+        found = list_root(self, rules, self._cache, storage_options) if listed_root else list_pairs(
+            self.storage, root, snapshot=self._cache is not None)  # type: ignore[arg-type]
+        self.index, self._stored, self._listed_root = found.index, found.stored, found.listed_root
+        self.classes, self.class_to_idx = found.classes, found.class_to_idx
         versions.index = self.index
-        self.classes = list(self.index.classes)
-        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
-
-    @property
-    def samples(self) -> SamplesView:
-        """``(path, label)`` of each sample: a read-only view of :attr:`index` (see the class doc)."""
-        return SamplesView(self.index)
-
-    @samples.setter
-    def samples(self, value: Any) -> None:
-        raise ConfigError(
-            "ImageFolder.samples is a read-only view of the dataset's index; to read other "
-            "files, pass them as a list: ImageFolder([(path, label), ...]), or wrap the dataset "
-            "in torch.utils.data.Subset(ds, indices)"
-        )
-
-    @property
-    def targets(self) -> TargetsView:
-        """The label of each sample: a read-only view of :attr:`index` (``index.labels`` is
-        the numpy array)."""
-        return TargetsView(self.index)
-
-    @targets.setter
-    def targets(self, value: Any) -> None:
-        raise ConfigError(
-            "ImageFolder.targets is a read-only view of the dataset's labels; pass other "
-            "labels with the paths: ImageFolder([(path, label), ...])"
-        )
+        # What revalidate counts new files by; is_valid_file stays out: a lambda would stop
+        # the dataset from pickling into spawned workers, which never revalidate.
+        self._rules: FolderRules | None = found.rules if rules.is_valid_file is None else None
 
     @property
     def root(self) -> str:
@@ -222,13 +208,9 @@ class ImageFolder(Dataset):
         remote folder). The sample set stays as built, like torchvision's: a file deleted
         since raises ObjectNotFoundError naming it when read (or is skipped), new files are
         ignored. ``fastload.DataLoader`` calls this before every epoch after the first of a
-        cached remote dataset; a local one stats each file at each read
-        (:attr:`reads_current_versions`), so a call only logs what changed and updates the
-        index and stored listing (docs/reliability.md, "Consistency model").
-
-        Returns the number of samples whose version changed (deleted ones included).
-
-        Example::
+        cached remote dataset (a local one stats each file at each read, so this only logs
+        and updates the index; docs/reliability.md). Returns the number of samples whose
+        version changed (deleted ones included). Example::
 
             >>> ds = ImageFolder("/data/train", cache="/nvme/fastload")
             >>> ds.revalidate()          # after files were rewritten
@@ -238,7 +220,7 @@ class ImageFolder(Dataset):
             return 0
         changed, replaced = listing.revalidate(
             self.storage, self.index, listed_root=self._listed_root, on_error=self.on_error,
-            extensions=self.extensions,
+            rules=self._rules,
         )
         if replaced and self._stored is not None:
             store_versions(self._stored, self.index)
@@ -253,9 +235,10 @@ class ImageFolder(Dataset):
         return len(self.index)
 
     def __repr__(self) -> str:
+        own = "" if is_default_loader(self.loader) else f", loader={name_of(self.loader)}"
         return (
-            f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes, "
-            f"steps={[type(s).__name__ for s in self.pipeline.steps]}, on_error={self.on_error!r}"
+            f"{type(self).__name__}({self.root!r}, {len(self)} images, {len(self.classes)} classes, "
+            f"steps={[type(s).__name__ for s in self.pipeline.steps]}, on_error={self.on_error!r}{own}"
             + (f", transform: {'; '.join(self.compiled.notes)})" if self.compiled else ")")
         )
 
@@ -278,6 +261,8 @@ class ImageFolder(Dataset):
     def load(self, index: int, data: bytes | Exception | None = None) -> tuple[torch.Tensor, int]:
         """Read and transform one sample; errors name the file and the index. ``data``: its
         bytes, or its read's error, where :meth:`read_batch` read them already."""
+        if not is_default_loader(self.loader):
+            return self.load_with_loader(index)
         label = self.index.label(index)
         start = time.perf_counter()
         if data is None:
@@ -294,7 +279,7 @@ class ImageFolder(Dataset):
             raise self.corrupt(index, exc) from exc
         image = self.finish(image, seed)  # outside the try: a transform's error is not a corrupt file
         batchinfo.record(fetched - start, time.perf_counter() - fetched, 1)
-        return image, label
+        return image, self.target(label)
 
     def read_bytes(self, index: int) -> bytes:
         """The encoded bytes of sample ``index``.
@@ -342,8 +327,11 @@ class ImageFolder(Dataset):
 
         Under ``on_error="raise"`` the first failure raises a SampleError; inside a worker
         process it comes back as a :class:`~fastload.data.batchinfo.FailedBatch` that raises it
-        when looked at (NOTE [sample errors cross the process boundary]).
+        when looked at (NOTE [sample errors cross the process boundary]). A subclass's own
+        ``__getitem__`` is called for each sample, as torch calls it without this method.
         """
+        if type(self).__getitem__ is not ImageFolder.__getitem__:
+            return self._each(indices)
         batch = self.read_batch(indices)
         if self.on_error == "raise":
             try:
@@ -364,11 +352,28 @@ class ImageFolder(Dataset):
         logger.debug("skipped sample %d (%s): %s", int(index), path, exc)
         return batchinfo.Skipped(int(index), path, str(exc))
 
+    def _each(self, indices: Sequence[int]) -> Any:
+        """A batch by a subclass's ``__getitem__``, sample by sample, with ``on_error``."""
+        out = []
+        _each_sample.raising = True  # ImageFolder.__getitem__ raises, even in a worker
+        try:
+            for i in indices:
+                try:
+                    out.append(self[i])
+                except SampleError as exc:
+                    if self.on_error == "raise":
+                        _each_sample.raising = False
+                        return self._failed(exc)
+                    batchinfo.record_skip(self.skipped(i, exc))
+        finally:
+            _each_sample.raising = False
+        return out
+
     @staticmethod
     def _failed(exc: SampleError) -> batchinfo.FailedBatch:
         """Raise ``exc`` here, or in a worker hand it to the main process intact (NOTE
         [sample errors cross the process boundary] in :mod:`fastload.data.batchinfo`)."""
-        if get_worker_info() is None:
+        if get_worker_info() is None or getattr(_each_sample, "raising", False):
             raise exc
         return batchinfo.FailedBatch(exc)
 
@@ -378,9 +383,7 @@ class ImageFolder(Dataset):
         Every engine calls this after ``pipeline.run(data, seed)`` with the same seed, so they
         all give the same sample; without a transform (or with one fully compiled) it returns
         ``image`` unchanged. Safe from several threads (NOTE [one lock for the global
-        generators] in :mod:`fastload.data.transforms`).
-
-        Example::
+        generators] in :mod:`fastload.data.transforms`). Example::
 
             >>> image = ds.pipeline.run(ds.read_bytes(3), seed=11)
             >>> sample = ds.finish(image, seed=11)      # == ds.load(SampleIndex(3, 11))[0]

@@ -28,6 +28,10 @@ from fastload.io.errors import describe
 DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 """Pillow's own decode errors; anything else (a bug, MemoryError) propagates unchanged."""
 
+NOT_READ_ERRORS = (UnidentifiedImageError, SyntaxError, ValueError, Image.DecompressionBombError)
+"""Of :data:`DECODE_ERRORS`, those a user ``loader`` raises for bytes it read but cannot
+decode; any other ``OSError`` from it is a read that failed."""
+
 
 def unreadable(url: str, index: int, path: str, exc: BaseException) -> UnreadableSampleError:
     """The error for sample ``index`` (file ``path`` at ``url``) whose bytes cannot be read.

@@ -5,17 +5,20 @@ Listing a root is slow at scale (1.28M keys are ~1,300 LIST requests on S3; a lo
 a million files takes seconds) and every rank of every node used to do it at each start.
 ``ImageFolder(root, cache=...)`` keeps its :class:`~fastload.data.index.DatasetIndex` (paths,
 sizes, versions, labels, classes) as one entry in the cache's *shared* tiers (disk, Redis),
-under a key made of the root's URL, the extensions, a digest of the storage options and the
-index format (:func:`listing_key`). A later build within ``listing_max_age`` seconds of that
+under a key made of the root's URL, the folder rules it was listed by (extensions,
+``allow_empty``, a subclass's ``class_to_idx``: NOTE [torchvision's folder rules]), a digest
+of the storage options and the index format (:func:`listing_key`). A later build within ``listing_max_age`` seconds of that
 listing loads it and sends no listing request: a restart finds it on the node's disk tier,
 other nodes in a shared Redis tier. Builds that start together list once: each takes the
 key lock of the widest tier that has one (:class:`~fastload.cache.tier.KeyLocking`: the disk
 tier's file lock), looks again, and only the first lists and stores.
 
 What may be reused (docs/reliability.md, "Consistency model"):
-* only a complete listing is stored (one that left no folder out under ``on_error="skip"``);
+* only a complete listing is stored (one that left no folder out under ``on_error="skip"``),
+  and none made with ``is_valid_file``: a function's answers cannot be part of a key, so such
+  a dataset lists its root at every build;
 * an entry that fails validation (checksum, bounds, labels; :mod:`.index_format`), was made
-  for another URL or extensions, or is of another format version is ignored with a DEBUG
+  for another URL or other rules, or is of another format version is ignored with a DEBUG
   line and replaced by a fresh listing;
 * ``listed_at`` is when the sample set was listed; a revalidation refreshes the versions in
   the entry (``ImageFolder.revalidate`` rewrites it when something changed) but not its age,
@@ -25,7 +28,7 @@ rewrite deletes the entry, then puts the new one; a reader in between lists agai
 
 Example::
 
-    >>> index, stored = index_of_root(storage, cache, extensions=(".jpg",), on_error="raise",
+    >>> index, stored = index_of_root(storage, cache, rules=FolderRules(), on_error="raise",
     ...                               max_age=3600, storage_options={})
 """
 
@@ -35,12 +38,13 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from fastload.cache.keys import digest
 from fastload.cache.tier import KeyLocking, Tier
 from fastload.cache.tiered import TieredCache
+from fastload.data.folder_rules import FolderRules
 from fastload.data.index import DatasetIndex, IndexFormatError
 from fastload.data.index_format import FORMAT
 from fastload.data.listing import prefix_of, scan
@@ -69,20 +73,22 @@ def is_listing_key(key: str) -> bool:
     return key.startswith(KEY_PREFIX)
 
 
-def listing_key(url: str, extensions: Sequence[str], storage_options: dict[str, Any] | None) -> str:
-    """The cache key of the stored listing of ``url`` with ``extensions`` and options.
+def listing_key(url: str, rules: FolderRules, storage_options: dict[str, Any] | None) -> str:
+    """The cache key of the stored listing of ``url`` by ``rules`` with these options.
 
     The options (endpoint, credentials...) go in as a digest: the same URL on another
-    endpoint is another dataset, and no secret is written into a key.
+    endpoint is another dataset, and no secret is written into a key. So do the rules
+    (extensions, ``allow_empty``, a subclass's ``class_to_idx``): a listing made by other
+    rules has other samples or labels.
 
     Example::
 
-        >>> listing_key("s3://bucket/train", (".jpg",), {})
-        'fastload-listing:v1:s3://bucket/train#ext=.jpg#opts=...'
+        >>> listing_key("s3://bucket/train", FolderRules(extensions=(".jpg",)), {})
+        'fastload-listing:v1:s3://bucket/train#rules=...#opts=...'
     """
     options = json.dumps(storage_options or {}, sort_keys=True, default=lambda o: type(o).__qualname__)
-    ext = ",".join(sorted({e.lower() for e in extensions}))
-    return f"{KEY_PREFIX}v{FORMAT}:{url}#ext={ext}#opts={digest(options)[:16]}"
+    made_by = json.dumps(rules.describe(), sort_keys=True)
+    return f"{KEY_PREFIX}v{FORMAT}:{url}#rules={digest(made_by)[:16]}#opts={digest(options)[:16]}"
 
 
 class StoredListing:
@@ -92,21 +98,35 @@ class StoredListing:
         cache: the dataset's cache; only its shared tiers (disk, Redis) are used.
         key: from :func:`listing_key`.
         url: the root's URL, checked against what the entry says it lists.
-        extensions: the extensions it was listed with, checked the same way.
+        rules: the folder rules it was listed by, checked the same way.
         prefix: what the root's paths start with (``listing.prefix_of``), checked too.
+
+    Example::
+
+        >>> stored = StoredListing.of(cache, Storage("/data/train"), FolderRules(), {})
     """
 
     def __init__(
-        self, cache: TieredCache, key: str, *, url: str, extensions: Sequence[str], prefix: str
+        self, cache: TieredCache, key: str, *, url: str, rules: FolderRules, prefix: str
     ) -> None:
         self.key = key
         self.url = url
         self.prefix = prefix
-        self.extensions = sorted({e.lower() for e in extensions})
+        self.rules = rules.describe()
         self.tiers: list[Tier] = [t for t in cache.tiers if t.shared]
         lockers = [t for t in self.tiers if isinstance(t, KeyLocking)]
         self._locker: KeyLocking | None = lockers[-1] if lockers else None
         self.lock_timeout = max(cache.config.lock_timeout, LISTING_LOCK_TIMEOUT_S)
+
+    @classmethod
+    def of(
+        cls, cache: TieredCache, storage: Storage, rules: FolderRules, storage_options: dict[str, Any]
+    ) -> StoredListing:
+        """The stored listing of ``storage``'s root by ``rules``, under its :func:`listing_key`."""
+        return cls(
+            cache, listing_key(storage.url, rules, storage_options), url=storage.url,
+            rules=rules, prefix=prefix_of(storage),
+        )
 
     @property
     def available(self) -> bool:
@@ -115,7 +135,7 @@ class StoredListing:
 
     def extra(self) -> dict[str, Any]:
         """What an index made for this entry records about itself (checked by :meth:`load`)."""
-        return {"key": self.key, "url": self.url, "extensions": self.extensions}
+        return {"key": self.key, "url": self.url, "rules": self.rules}
 
     def load(self, max_age: float) -> DatasetIndex | None:
         """The stored index if one is valid and listed at most ``max_age`` seconds ago."""
@@ -191,31 +211,31 @@ def index_of_root(
     storage: Storage,
     cache: TieredCache | None,
     *,
-    extensions: tuple[str, ...],
+    rules: FolderRules,
     on_error: OnListError,
     max_age: float,
     storage_options: dict[str, Any],
 ) -> tuple[DatasetIndex, StoredListing | None]:
-    """The index of ``storage``'s root: the stored listing if fresh, else one listing.
+    """The index of ``storage``'s root by ``rules``: the stored listing if fresh, else one listing.
 
     Returns the index and where it is stored (None: not stored, so not to be rewritten:
-    no shared tier, or a listing that left folders out). See NOTE [the stored listing].
+    no shared tier, rules with ``is_valid_file``, or a listing that left folders out). See
+    NOTE [the stored listing].
     """
     stored = None
-    if cache is not None:
-        stored = StoredListing(
-            cache, listing_key(storage.url, extensions, storage_options), url=storage.url,
-            extensions=extensions, prefix=prefix_of(storage),
-        )
+    if cache is not None and rules.storable:
+        stored = StoredListing.of(cache, storage, rules, storage_options)
+    elif cache is not None:
+        logger.debug("%s: is_valid_file decides the samples; the listing is not stored", storage.url)
     if stored is None or not stored.available:  # no cache: versions are not needed
-        return scan(storage, extensions, on_error, details=cache is not None).index, None
+        return scan(storage, rules, on_error, details=cache is not None).index, None
     reuse = max_age > 0
     index = stored.load(max_age) if reuse else None
     if index is None:
         with stored.lock():  # processes starting together list once
             index = stored.load(max_age) if reuse else None
             if index is None:
-                found = scan(storage, extensions, on_error, extra=stored.extra())
+                found = scan(storage, rules, on_error, extra=stored.extra())
                 if not found.complete:  # a listing that left folders out is not reused
                     return found.index, None
                 stored.save(found.index)

@@ -61,6 +61,22 @@ _RNG_LOCK = threading.Lock()
 _TORCH_STREAM, _PYTHON_STREAM, _NUMPY_STREAM = 1, 2, 3  # distinct seeds from one sample seed
 
 
+def run_seeded(fn: Callable[[Any], Any], value: Any, seed: int) -> Any:
+    """``fn(value)`` with torch's, Python's and numpy's global generators seeded from ``seed``
+    and restored afterwards, under the process-wide lock (NOTE [one lock for the global
+    generators]): the same draws for the same seed, from any thread."""
+    with _RNG_LOCK, torch.random.fork_rng(devices=[]):
+        python_state, numpy_state = random.getstate(), np.random.get_state()
+        try:
+            torch.manual_seed(mix_seed(seed, _TORCH_STREAM))
+            random.seed(mix_seed(seed, _PYTHON_STREAM))
+            np.random.seed(mix_seed(seed, _NUMPY_STREAM) & 0xFFFFFFFF)
+            return fn(value)
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+
+
 def _uint8_tensor(image: Any) -> Any:
     """A PIL image as a uint8 CHW tensor (like PILToTensor); tensors and others unchanged."""
     if isinstance(image, Image.Image):
@@ -154,17 +170,7 @@ class CompiledTransform:
         """
         out: Any = image
         if self.rest is not None:
-            with _RNG_LOCK, torch.random.fork_rng(devices=[]):
-                python_state, numpy_state = random.getstate(), np.random.get_state()
-                try:
-                    torch.manual_seed(mix_seed(seed, _TORCH_STREAM))
-                    random.seed(mix_seed(seed, _PYTHON_STREAM))
-                    np.random.seed(mix_seed(seed, _NUMPY_STREAM) & 0xFFFFFFFF)
-                    out = self.rest(image)
-                finally:
-                    random.setstate(python_state)
-                    np.random.set_state(numpy_state)
-            out = _uint8_tensor(out)  # a PIL image at the end (no ToTensor) comes back as uint8 CHW
+            out = _uint8_tensor(run_seeded(self.rest, image, seed))  # a PIL image at the end (no ToTensor) comes back as uint8 CHW
         if self.normalize is not None:
             if not (isinstance(out, torch.Tensor) and out.dtype == torch.uint8):
                 raise ConfigError(

@@ -275,7 +275,7 @@ class DaliEpoch(Iterator[batchinfo.Envelope]):
                 converted = time.perf_counter()
                 batch = [
                     self._engine._to_torch(images),
-                    torch.tensor([s.label for s in slot.samples], dtype=torch.int64),
+                    self._engine.dataset.batch_targets([s.index for s in slot.samples]),
                 ]
                 slot.info.decode_s = waited
                 slot.info.collate_s = time.perf_counter() - converted

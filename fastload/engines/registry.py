@@ -70,11 +70,14 @@ def _declared_blocker(request: EngineRequest) -> str | None:
     from fastload.data.pipeline import STEP_TYPES
 
     dataset = request.dataset
-    if type(dataset) is not ImageFolder:
+    if not isinstance(dataset, ImageFolder):
         return (
             f"the dataset is a {type(dataset).__name__}, not a declared fastload ImageFolder; "
             "only declared pipelines run outside torch workers"
         )
+    own = dataset.torch_only_reason()  # a custom loader=, a subclass's own __getitem__
+    if own is not None:
+        return own
     custom = [type(s).__name__ for s in dataset.pipeline.steps if type(s) not in STEP_TYPES]
     if custom:
         return f"pipeline steps {custom} run only on torch workers"

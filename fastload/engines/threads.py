@@ -293,7 +293,7 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
         images = batch.images
         if len(keep) < len(batch.indices):
             images = images[keep]
-        labels = torch.tensor([dataset.index.label(batch.indices[k]) for k in keep], dtype=torch.int64)
+        labels = dataset.batch_targets([batch.indices[k] for k in keep])  # with target_transform
         if self._norm is not None:
             images = self._norm.apply(images, dataset.pipeline.channel_dim + 1)
         info.collate_s = time.perf_counter() - start

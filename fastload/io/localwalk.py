@@ -36,11 +36,14 @@ class Listing:
         unreadable: folders that could not be listed (``on_error="skip"``), path -> why.
         skipped: entries that are not regular files, path -> what they are ("FIFO",
             "dangling symlink", ...).
+        folders: the folders directly below the root, empty ones too (a local walk's; a
+            remote store has no empty folders, its listing leaves this empty).
     """
 
     files: dict[str, dict[str, Any]]
     unreadable: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    folders: list[str] = field(default_factory=list)
 
 
 # NOTE [local listing]
@@ -105,6 +108,8 @@ def walk_local(root: str, url: str, on_error: OnListError, details: bool = True)
                     found.skipped[entry.path] = "symlink loop to a folder above it"
                 else:
                     stack.append((entry.path, ancestors | {ident}))
+                    if folder == root:  # a class folder, even without a file below it
+                        found.folders.append(entry.path)
             elif stat.S_ISREG(st.st_mode):
                 found.files[entry.path] = {
                     "name": entry.path, "size": st.st_size, "type": "file",
@@ -114,6 +119,7 @@ def walk_local(root: str, url: str, on_error: OnListError, details: bool = True)
                 found.skipped[entry.path] = _KINDS.get(stat.S_IFMT(st.st_mode), "special file")
     found.files = {p: found.files[p] for p in sorted(found.files)}
     found.skipped = {p: found.skipped[p] for p in sorted(found.skipped)}
+    found.folders.sort()
     return found
 
 
