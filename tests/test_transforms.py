@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image, ImageFilter
+from PIL import Image
 
 torchvision = pytest.importorskip("torchvision")
 import torchvision.transforms as T1
@@ -36,19 +36,6 @@ def to_float(v):
 
 def step_types(ds_or_compiled) -> list[str]:
     return [type(s).__name__ for s in ds_or_compiled.pipeline.steps]
-
-
-@pytest.fixture(scope="module")
-def photos(tmp_path_factory) -> Path:
-    """Photo-like (smooth) 320x240 JPEGs: the synthetic ones blurred, in 3 classes."""
-    noisy = make_jpeg_folder(tmp_path_factory.mktemp("noisy"), images=9, classes=3, size=(320, 240))
-    root = tmp_path_factory.mktemp("photos")
-    for path in sorted(noisy.rglob("*.jpg")):
-        out = root / path.parent.name / path.name
-        out.parent.mkdir(exist_ok=True)
-        with Image.open(path) as img:
-            img.convert("RGB").filter(ImageFilter.GaussianBlur(2)).save(out, quality=95)
-    return root
 
 
 @pytest.mark.parametrize("v", [T1, T2], ids=["v1", "v2"])

@@ -132,8 +132,7 @@ class CompiledTransform:
     def rest_names(self) -> list[str]:
         """Class names of the user's steps in ``rest`` (for messages)."""
         steps = getattr(self.rest, "steps", (self.rest,) if self.rest is not None else ())
-        steps = [getattr(s, "fn", s) for s in steps if not isinstance(s, (ToFloat, ToUint8Tensor))]
-        names = [type(s).__name__ for s in steps]
+        names = [_name(s) for s in steps if not isinstance(s, (ToFloat, ToUint8Tensor))]
         return names or ["conversions"]
 
     @functools.cached_property
@@ -202,6 +201,12 @@ class CompiledTransform:
         return replace(self, pipeline=self.pipeline.without_normalize()), norm
 
 
+def _name(step: Any) -> str:
+    """A step's name for messages: its class, or a plain function's own name."""
+    step = step.fn if isinstance(step, OnPIL) else step
+    return getattr(step, "__name__", None) or type(step).__name__
+
+
 def _generator_states() -> tuple[Any, ...]:
     numpy_state = np.random.get_state()
     return torch.get_rng_state(), random.getstate(), (numpy_state[1].copy(), *numpy_state[2:])
@@ -224,7 +229,7 @@ def _global_draws(steps: Sequence[Callable[[Any], Any]], size: tuple[int, int]) 
         python_state, numpy_state = random.getstate(), np.random.get_state()
         try:
             for step in steps:
-                name = type(getattr(step, "fn", step)).__name__
+                name = _name(step)
                 before = _generator_states()
                 try:
                     image = step(image)
