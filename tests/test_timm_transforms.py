@@ -114,12 +114,19 @@ def test_train_transform_compiles_its_crop_and_runs_the_rest(jpeg_root):
     ref = torchvision.datasets.ImageFolder(jpeg_root, transform=t)  # timm's steps on PIL images
     assert images.shape == (8, *ref[0][0].shape) and images.dtype == ref[0][0].dtype
     assert labels.tolist() == ref.targets[:8]
-    assert torch.equal(ds[SampleIndex(3, 7)][0], ds[SampleIndex(3, 7)][0])  # seeded per sample
+    sample = ds[SampleIndex(3, 7)][0]
+    assert torch.equal(sample, ds[SampleIndex(3, 7)][0])  # seeded per sample
+    # ColorJitter gets a PIL image, as in torchvision's ImageFolder; the torch engine hands it
+    # the decode's PIL image straight, the same pixels as the tensor every engine can give.
+    assert "ColorJitter runs as-is on a PIL image, as before ToTensor" in ds.compiled.notes
+    assert ds.compiled.takes_pil
+    seed = ds.sample_seed(SampleIndex(3, 7))
+    assert torch.equal(sample, ds.finish(ds.pipeline.run(ds.read_bytes(3), seed), seed))
 
 
 @pytest.mark.timeout(120)
 def test_randaugment_random_erasing_and_random_interpolation(jpeg_root):
-    t = create_transform(224, is_training=True, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.5,
+    t = create_transform(224, is_training=True, auto_augment="rand-m9-inc1", re_prob=0.5,
                          interpolation="random")
     ds = ImageFolder(jpeg_root, transform=t, seed=2)
     assert ds.pipeline.steps == (RandomResizedCrop((224, 224), interpolation="random"), HorizontalFlip(0.5))

@@ -2,8 +2,7 @@
 
 :func:`fastload.data.transforms.compile_transform` walks a user's transform and asks this
 module about each step: is it geometry fastload's decode can do (:func:`geometric`), a
-conversion (:func:`conversion`), a Normalize (:func:`normalize`), or a callable that may want
-a PIL image (:func:`pil_only`)? The classes are looked up in ``sys.modules`` only, never
+conversion (:func:`conversion`), a Normalize (:func:`normalize`)? The classes are looked up in ``sys.modules`` only, never
 imported here: a script that built a torchvision or timm transform has imported them.
 
 Example::
@@ -62,8 +61,7 @@ class Known:
         self.to_uint8 = both("PILToTensor", "ToImage") + of_timm("MaybePILToTensor")
         self.to_dtype = both("ToDtype", "ConvertImageDtype")
         self.noop = both("ToPureTensor", "Identity")
-        self.to_pil, self.lam = both("ToPILImage"), both("Lambda")
-        self.containers = both("RandomApply", "RandomChoice", "RandomOrder")
+        self.to_pil = both("ToPILImage")
 
     @staticmethod
     def find() -> Known | None:
@@ -175,16 +173,6 @@ def _floats(values: Any) -> list[float]:
     if tensor.dtype == torch.float32:
         floats = [float(str(np.float32(v))) for v in floats]
     return floats
-
-
-def pil_only(step: Any, known: Known | None) -> bool:
-    """Whether ``step`` may need a PIL image: a lambda, a callable fastload does not know, or a
-    torchvision container holding one. torchvision's own transforms all take tensors."""
-    if known is None or isinstance(step, known.lam):
-        return True
-    if isinstance(step, known.containers):
-        return any(pil_only(s, known) for s in step.transforms)
-    return not type(step).__module__.startswith("torchvision.")
 
 
 def makes_float(step: Any, known: Known | None) -> bool:
