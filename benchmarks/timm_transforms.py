@@ -49,7 +49,9 @@ def loaders(root: Path, transform: Any, batch: int, workers: int) -> dict[str, A
         torchvision.datasets.ImageFolder(os.fspath(root), transform=transform),
         batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=workers > 0,
     )
-    ours = fastload.DataLoader(fastload.ImageFolder(root, transform=transform), batch_size=batch, shuffle=True)
+    ours = fastload.DataLoader(
+        fastload.ImageFolder(root, transform=transform), batch_size=batch, shuffle=True
+    )
     return {"torchvision": theirs, "fastload": ours}
 
 
@@ -67,7 +69,7 @@ def compare(root: Path, transform: Any, args: argparse.Namespace) -> dict[str, A
                 rates[name].append(n / seconds)
         ours = made["fastload"]
         engine = {"backend": ours.backend, "backend_reason": ours.backend_reason,
-                  "notes": list(ours.dataset.compiled.notes)}
+                  "workers": ours.settings.num_workers.value, "notes": list(ours.dataset.compiled.notes)}
     finally:
         for loader in made.values():
             close(loader)
@@ -102,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
           f"torchvision with {args.workers} workers; median of {args.repeats} alternating epochs"
           + (" -- SMOKE RUN, not a measurement" if args.quick else ""))
     print(f"  {'transform':<34} {'torchvision img/s':>17} {'fastload img/s':>14} {'ratio':>6}  fastload ran on")
-    report: dict[str, Any] = {"images": images, "cores": cores, "settings": vars(args) | {"data": str(args.data),
-                              "json": str(args.json)}, "transforms": {}}
+    settings = {**vars(args), "data": str(args.data), "json": str(args.json)}
+    report: dict[str, Any] = {"images": images, "cores": cores, "settings": settings, "transforms": {}}
     for name, training in (("train", True), ("eval", False)):
         transform = create_transform(224, is_training=training)
         result = compare(root, transform, args)
@@ -111,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         label = f"create_transform(224, is_training={training})"
         median = result["median"]
         print(f"  {label:<34} {median['torchvision']:17.1f} {median['fastload']:14.1f} "
-              f"{result['ratio']:5.2f}x  {result['backend']}")
+              f"{result['ratio']:5.2f}x  {result['backend']}"
+              + (f", {result['workers']} workers" if result["backend"] == "torch" else ""))
     for name, result in report["transforms"].items():
         print(f"\n{name}: loader.backend_reason = {result['backend_reason']!r}")
         print(f"{name}: ds.compiled.notes = {result['notes']}")

@@ -57,7 +57,8 @@ def timm_batch(root: Path, transform) -> tuple[torch.Tensor, list[int]]:
 
 
 def loader_batches(ds: ImageFolder, backend: str) -> tuple[torch.Tensor, list[int]]:
-    loader = DataLoader(ds, batch_size=4, backend=backend, **({"num_workers": 0} if backend == "torch" else {}))
+    workers = {"num_workers": 0} if backend == "torch" else {}
+    loader = DataLoader(ds, batch_size=4, backend=backend, **workers)
     batches = list(loader)
     assert loader.backend == backend
     loader.engine.close()
@@ -174,7 +175,8 @@ def test_crops_are_distributed_like_timms():
     assert {p.interpolation for p in ours} == {"bilinear", "bicubic"}
     # The interpolation is drawn after the box: the boxes are those of a fixed interpolation.
     fixed = compile_transform(timm_transforms.RandomResizedCropAndInterpolation(24)).pipeline
-    assert [fixed.plan(width, height, random.Random(s)).box for s in range(50)] == [p.box for p in ours[:50]]
+    boxes = [fixed.plan(width, height, random.Random(s)).box for s in range(50)]
+    assert boxes == [p.box for p in ours[:50]]
 
 
 class Noise:
@@ -193,7 +195,8 @@ class CoinFlips:
 
 NOTHING_DRAWN = {
     "tensor-normalize-in-rest": T1.Compose([
-        T1.CenterCrop(24), T1.ToTensor(), T1.Normalize(torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD)),
+        T1.CenterCrop(24), T1.ToTensor(),
+        T1.Normalize(torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD)),
         T1.Lambda(lambda x: x.clamp(-2, 2)),
     ]),
     "v2-lambda": T2.Compose([T2.CenterCrop(24), T2.Lambda(lambda x: x), T2.ToImage(),
@@ -221,7 +224,9 @@ def test_steps_that_draw_nothing_are_not_called_random(name, jpeg_root, monkeypa
     assert ((threads - on_torch).abs() * std).mean().item() * 255 < 4.0
 
 
-@pytest.mark.parametrize("step", [Noise(), CoinFlips(), T2.RandomGrayscale(0.0)], ids=["torch", "python+numpy", "tv-random"])
+@pytest.mark.parametrize(
+    "step", [Noise(), CoinFlips(), T2.RandomGrayscale(0.0)], ids=["torch", "python+numpy", "tv-random"]
+)
 def test_a_step_that_draws_keeps_the_transform_off_threads(step, jpeg_root):
     t = T2.Compose([T2.CenterCrop(24), T2.ToImage(), step, T2.ToDtype(torch.float32, scale=True)])
     ds = ImageFolder(jpeg_root, transform=t)
@@ -241,7 +246,8 @@ def test_a_step_that_cannot_be_watched_counts_as_drawing(jpeg_root):
     def needs_a_pil_image(image):
         return image.convert("L") if hasattr(image, "convert") else image.no_such_method()
 
-    t = T2.Compose([T2.CenterCrop(24), T2.ToImage(), needs_a_pil_image, T2.ToDtype(torch.float32, scale=True)])
+    t = T2.Compose([T2.CenterCrop(24), T2.ToImage(), needs_a_pil_image,
+                    T2.ToDtype(torch.float32, scale=True)])
     ds = ImageFolder(jpeg_root, transform=t)
     reason = DataLoader(ds, batch_size=8).backend_reason
     assert "needs_a_pil_image may draw" in reason and "AttributeError" in reason

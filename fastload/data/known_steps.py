@@ -2,8 +2,8 @@
 
 :func:`fastload.data.transforms.compile_transform` walks a user's transform and asks this
 module about each step: is it geometry fastload's decode can do (:func:`geometric`), a
-conversion (:func:`conversion`), a Normalize (:func:`normalize`)? The classes are looked up in ``sys.modules`` only, never
-imported here: a script that built a torchvision or timm transform has imported them.
+conversion (:func:`conversion`), a Normalize (:func:`normalize`)? The classes are looked up
+in ``sys.modules`` only, never imported here: a script that built a torchvision or timm transform has imported them.
 
 Example::
 
@@ -32,7 +32,9 @@ from fastload.data.pipeline import (
 )
 from fastload.errors import ConfigError
 
-_NAMED = {"bilinear": "bilinear", "bicubic": "bicubic", Image.BILINEAR: "bilinear", Image.BICUBIC: "bicubic"}
+_NAMED = {
+    "bilinear": "bilinear", "bicubic": "bicubic", Image.BILINEAR: "bilinear", Image.BICUBIC: "bicubic",
+}
 
 
 class Known:
@@ -53,7 +55,8 @@ class Known:
             return (found,) if isinstance(found, type) else ()
 
         self.compose, self.rrc = both("Compose"), both("RandomResizedCrop")
-        self.timm_rrc, self.timm_keep_ratio = of_timm("RandomResizedCropAndInterpolation"), of_timm("ResizeKeepRatio")
+        self.timm_rrc = of_timm("RandomResizedCropAndInterpolation")
+        self.timm_keep_ratio = of_timm("ResizeKeepRatio")
         self.resize, self.crop = both("Resize"), both("CenterCrop")
         self.hflip, self.normalize = both("RandomHorizontalFlip"), both("Normalize")
         # timm's MaybeToTensor is a torchvision ToTensor; MaybePILToTensor is a PILToTensor.
@@ -106,7 +109,8 @@ def geometric(step: Any, known: Known) -> tuple[Step | None, str]:
             mode, why = _resampling(step)
             if mode is None:
                 return None, why
-            return RandomResizedCrop(tuple(step.size), tuple(step.scale), tuple(step.ratio), mode), ""  # type: ignore[arg-type]
+            size, scale, ratio = tuple(step.size), tuple(step.scale), tuple(step.ratio)
+            return RandomResizedCrop(size, scale, ratio, mode), ""  # type: ignore[arg-type]
         if isinstance(step, known.resize) and step.size is not None:  # v2: None with max_size
             size = [step.size] if isinstance(step.size, int) else list(step.size)
             mode, why = _resampling(step)
@@ -178,9 +182,8 @@ def _floats(values: Any) -> list[float]:
 def makes_float(step: Any, known: Known | None) -> bool:
     """Whether ``step`` turns the image into floats (any ToDtype/ConvertImageDtype to a float)."""
     dtype = getattr(step, "dtype", None)
-    return conversion(step, known) == "float" or (
-        known is not None and isinstance(step, known.to_dtype) and getattr(dtype, "is_floating_point", False)
-    )
+    to_dtype = known is not None and isinstance(step, known.to_dtype)
+    return conversion(step, known) == "float" or (to_dtype and getattr(dtype, "is_floating_point", False))
 
 
 def is_to_pil(step: Any, known: Known | None) -> bool:

@@ -139,7 +139,8 @@ class CompiledTransform:
     def takes_pil(self) -> bool:
         """Whether ``rest`` starts with a step given a PIL image: then an engine may hand it
         ``pipeline.decode``'s PIL image instead of ``pipeline.run``'s tensor (no round trip)."""
-        return isinstance(self.rest, Rest) and bool(self.rest.steps) and isinstance(self.rest.steps[0], OnPIL)
+        steps = self.rest.steps if isinstance(self.rest, Rest) else ()
+        return bool(steps) and isinstance(steps[0], OnPIL)
 
     @functools.cached_property
     def global_draws(self) -> tuple[str, ...]:
@@ -258,7 +259,9 @@ def _global_draws(steps: Sequence[Callable[[Any], Any]], size: tuple[int, int]) 
     return tuple(found)
 
 
-def _trailing_normalize(tail: list[Any], known: known_steps.Known | None) -> tuple[int, Normalize | None, str]:
+def _trailing_normalize(
+    tail: list[Any], known: known_steps.Known | None
+) -> tuple[int, Normalize | None, str]:
     """Where ``tail``'s trailing "to float (+ Normalize)" starts, as fastload's Normalize, a note.
 
     Only when the steps before it saw uint8 (or PIL) in the user's order, as they do here:
@@ -317,7 +320,8 @@ def compile_transform(transform: Callable[[Any], Any], *, layout: str = "CHW") -
             steps.append(compiled)
             mode = getattr(compiled, "interpolation", "bilinear")
             drawn = " (bilinear or bicubic, drawn per sample)" if mode == "random" else ""
-            notes.append(f"{type(step).__name__} -> decode" + ("" if mode == "bilinear" else f", {mode}{drawn}"))
+            how = "" if mode == "bilinear" else f", {mode}{drawn}"
+            notes.append(f"{type(step).__name__} -> decode{how}")
         elif known_steps.conversion(step, known) is not None:
             pending.append(step)
         else:

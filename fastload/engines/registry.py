@@ -96,7 +96,8 @@ def _dali_blocker(request: EngineRequest) -> str | None:
     """Why the DALI engine cannot give what torch would for this loader, or None if it can."""
     rest = _transform_rest(request)
     if rest is not None:
-        return f"the transform's {', '.join(rest.rest_names)} run on torch tensors; DALI runs only the declared steps"
+        names = ", ".join(rest.rest_names)
+        return f"the transform's {names} run on torch tensors; DALI runs only the declared steps"
     steps = getattr(getattr(request.dataset, "pipeline", None), "steps", ())
     resampled = {getattr(s, "interpolation", "bilinear") for s in steps} - {"bilinear"}
     if resampled:
