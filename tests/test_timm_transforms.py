@@ -34,7 +34,8 @@ from fastload.data.pipeline import (
 )
 from fastload.data.sampling import SampleIndex
 from fastload.data.transforms import compile_transform
-from fastload.engines.registry import choose_backend
+from fastload.engines.base import EngineRequest
+from fastload.engines.registry import blocker_of, choose_backend
 
 create_transform = timm_data.create_transform
 
@@ -83,6 +84,13 @@ def test_eval_transform_compiles_whole():
     # timm emits ResizeKeepRatio((248, 320)) for a non-square target, not torchvision's Resize.
     assert c.pipeline.steps == (ResizeKeepRatio((248, 320), 0.0, "bicubic"), CenterCrop((224, 288)), norm)
     assert c.rest is None
+
+
+def test_dali_leaves_bicubic_to_the_other_engines(jpeg_root):
+    ds = ImageFolder(jpeg_root, transform=create_transform(224, interpolation="bicubic"))
+    why = blocker_of("dali", EngineRequest(ds, None, True, None, None, None))
+    assert why is not None and "bicubic" in str(why) and "bilinear only" in str(why)
+    assert blocker_of("threads", EngineRequest(ds, None, True, None, None, None)) is None
 
 
 @pytest.mark.timeout(300)
