@@ -135,7 +135,8 @@ def physical_limit(root: Path, samples: int, repeats: int, cores: int) -> dict[s
     for i, path in enumerate(paths):  # bytes and crops first, not timed
         data = path.read_bytes()
         width, height = Image.open(io.BytesIO(data)).size
-        box, _w, _h, flip = pipeline.plan(width, height, random.Random(i))
+        plan = pipeline.plan(width, height, random.Random(i))
+        box, flip = plan.box, plan.flip
         work.append((data, box, flip))
     candidates, skipped = limit_candidates(SIZE)
     rates: dict[str, float] = {}

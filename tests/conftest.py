@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from PIL import Image, ImageFilter
 
 from fastload.testing.synthetic import make_jpeg_folder
 
@@ -23,6 +24,19 @@ def jpeg_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_jpeg_folder(
         tmp_path_factory.mktemp("jpegs"), images=48, classes=4, size=(160, 120)
     )
+
+
+@pytest.fixture(scope="session")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Photo-like (smooth) 320x240 JPEGs: the synthetic ones blurred, 9 in 3 classes."""
+    noisy = make_jpeg_folder(tmp_path_factory.mktemp("noisy"), images=9, classes=3, size=(320, 240))
+    root = tmp_path_factory.mktemp("photos")
+    for path in sorted(noisy.rglob("*.jpg")):
+        out = root / path.parent.name / path.name
+        out.parent.mkdir(exist_ok=True)
+        with Image.open(path) as img:
+            img.convert("RGB").filter(ImageFilter.GaussianBlur(2)).save(out, quality=95)
+    return root
 
 
 LEFTOVER_GRACE_S = 5.0

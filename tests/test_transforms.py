@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image, ImageFilter
+from PIL import Image
 
 torchvision = pytest.importorskip("torchvision")
 import torchvision.transforms as T1
@@ -38,19 +38,6 @@ def step_types(ds_or_compiled) -> list[str]:
     return [type(s).__name__ for s in ds_or_compiled.pipeline.steps]
 
 
-@pytest.fixture(scope="module")
-def photos(tmp_path_factory) -> Path:
-    """Photo-like (smooth) 320x240 JPEGs: the synthetic ones blurred, in 3 classes."""
-    noisy = make_jpeg_folder(tmp_path_factory.mktemp("noisy"), images=9, classes=3, size=(320, 240))
-    root = tmp_path_factory.mktemp("photos")
-    for path in sorted(noisy.rglob("*.jpg")):
-        out = root / path.parent.name / path.name
-        out.parent.mkdir(exist_ok=True)
-        with Image.open(path) as img:
-            img.convert("RGB").filter(ImageFilter.GaussianBlur(2)).save(out, quality=95)
-    return root
-
-
 @pytest.mark.parametrize("v", [T1, T2], ids=["v1", "v2"])
 def test_standard_train_transform_compiles_to_fastload_steps(v):
     t = v.Compose([v.RandomResizedCrop(24), v.RandomHorizontalFlip(), *to_float(v), v.Normalize(MEAN, STD)])
@@ -72,16 +59,16 @@ def test_nested_compose_and_conversions_in_the_prefix():
 
 def test_what_does_not_compile_runs_as_is_and_says_why():
     c = compile_transform(T1.Compose([
-        T1.RandomResizedCrop(24, interpolation=T1.InterpolationMode.BICUBIC), T1.ToTensor(),
+        T1.RandomResizedCrop(24, interpolation=T1.InterpolationMode.NEAREST), T1.ToTensor(),
     ]))
     assert step_types(c) == [] and c.rest is not None
-    assert any("bicubic" in n for n in c.notes)
+    assert any("nearest" in n for n in c.notes)
     assert c.normalize == Normalize((0.0,) * 3, (1.0,) * 3)  # the bare ToTensor: x / 255
     c = compile_transform(T2.Compose([T2.Resize((20, 30)), T2.CenterCrop(16), T2.PILToTensor()]))
     assert step_types(c) == [] and any("keeps the aspect ratio" in n for n in c.notes)
     # A geometric step after a colour step stays in rest, in order.
     c = compile_transform(T2.Compose([T2.ColorJitter(0.4), T2.CenterCrop(16), T2.ToImage()]))
-    assert step_types(c) == [] and [type(s).__name__ for s in c.rest.steps][:2] == ["ColorJitter", "CenterCrop"]
+    assert step_types(c) == [] and c.rest_names[:2] == ["ColorJitter", "CenterCrop"]
 
 
 def test_labels_match_torchvision(jpeg_root):

@@ -274,7 +274,8 @@ class ImageFolder(TorchvisionFolder, Dataset):
         fetched = time.perf_counter()
         seed = self.sample_seed(index)
         try:
-            image = self.pipeline.run(data, seed)
+            pil = self.compiled is not None and self.compiled.takes_pil  # no tensor round trip
+            image = self.pipeline.decode(data, seed) if pil else self.pipeline.run(data, seed)
         except DECODE_ERRORS as exc:
             raise self.corrupt(index, exc) from exc
         image = self.finish(image, seed)  # outside the try: a transform's error is not a corrupt file

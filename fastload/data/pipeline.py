@@ -46,6 +46,11 @@ EVAL_RESIZE_RATIO = 0.875  # the classic 256 -> 224 resize before the center cro
 
 Size = tuple[int, int]  # (height, width), pixels
 
+Interpolation = Literal["bilinear", "bicubic", "random"]
+INTERPOLATIONS: tuple[str, ...] = ("bilinear", "bicubic", "random")
+"""How a resizing step resamples, always antialiased (as Pillow does): "random" draws bilinear
+or bicubic, with equal odds, from the sample's generator (timm's ``interpolation='random'``)."""
+
 
 def as_size(size: int | Sequence[int], where: str = "ImagePipeline.standard", name: str = "size") -> Size:
     """``224`` or ``(h, w)`` as an ``(h, w)`` tuple of positive ints; else a ConfigError."""
@@ -56,14 +61,40 @@ def _set(step: Any, name: str, value: Any) -> None:
     object.__setattr__(step, name, value)  # canonical form of a frozen dataclass field
 
 
+def _check_interpolation(where: str, value: Any) -> str:
+    return check_choice(where, "interpolation", value, INTERPOLATIONS)
+
+
 @dataclass(frozen=True)
 class Resize:
     """Scale so the shorter side is ``shorter`` pixels, keeping the aspect ratio."""
 
     shorter: int
+    interpolation: Interpolation = "bilinear"
 
     def __post_init__(self) -> None:
         _set(self, "shorter", check_int("Resize", "shorter", self.shorter, minimum=1))
+        _check_interpolation("Resize", self.interpolation)
+
+
+@dataclass(frozen=True)
+class ResizeKeepRatio:
+    """Scale keeping the aspect ratio, to cover ``size`` (h, w) (``longest=0``: the side that
+    needs the larger scale reaches its target), to fit inside it (``longest=1``), or a blend.
+
+    timm's eval resize for a non-square ``crop_pct`` target: ``ResizeKeepRatio((256, 329))``
+    then ``CenterCrop((224, 288))``. With a square ``size`` and ``longest=0`` it is ``Resize``.
+    """
+
+    size: Size
+    longest: float = 0.0
+    interpolation: Interpolation = "bilinear"
+
+    def __post_init__(self) -> None:
+        where = "ResizeKeepRatio"
+        _set(self, "size", check_size(where, "size", self.size))
+        _set(self, "longest", check_number(where, "longest", self.longest, low=0.0, high=1.0))
+        _check_interpolation(where, self.interpolation)
 
 
 @dataclass(frozen=True)
@@ -83,12 +114,14 @@ class RandomResizedCrop:
     size: Size
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    interpolation: Interpolation = "bilinear"
 
     def __post_init__(self) -> None:
         where = "RandomResizedCrop"
         _set(self, "size", check_size(where, "size", self.size))
         _set(self, "scale", check_pair(where, "scale", self.scale, low=0.0, high=1.0, low_open=True))
         _set(self, "ratio", check_pair(where, "ratio", self.ratio, low=0.0, low_open=True))
+        _check_interpolation(where, self.interpolation)
 
 
 @dataclass(frozen=True)
@@ -130,9 +163,11 @@ class Normalize:
         return (images.float() - mean) * inv_std
 
 
-Step = Union[Resize, CenterCrop, RandomResizedCrop, HorizontalFlip, Normalize]
+Step = Union[Resize, ResizeKeepRatio, CenterCrop, RandomResizedCrop, HorizontalFlip, Normalize]
 
-STEP_TYPES: tuple[type, ...] = (Resize, CenterCrop, RandomResizedCrop, HorizontalFlip, Normalize)
+STEP_TYPES: tuple[type, ...] = (
+    Resize, ResizeKeepRatio, CenterCrop, RandomResizedCrop, HorizontalFlip, Normalize,
+)
 """Every step an engine must know; a pipeline holding anything else runs on Pillow only."""
 
 
@@ -140,14 +175,16 @@ class Plan(NamedTuple):
     """Where a sample's pixels come from and where they go: the output of every step's geometry.
 
     ``box`` is (left, top, right, bottom) in pixels of the decoded original, fractional;
-    the box is scaled to ``out_w`` x ``out_h`` in one resampling pass, then mirrored if
-    ``flip``.
+    the box is scaled to ``out_w`` x ``out_h`` in one resampling pass with ``interpolation``
+    ("bilinear" or "bicubic", antialiased: the last resizing step's, drawn if it says
+    "random"), then mirrored if ``flip``.
     """
 
     box: tuple[float, float, float, float]
     out_w: int
     out_h: int
     flip: bool
+    interpolation: str = "bilinear"
 
 
 @dataclass(frozen=True)
@@ -206,7 +243,11 @@ class ImagePipeline:
 
     @property
     def is_random(self) -> bool:
-        return any(isinstance(s, (RandomResizedCrop, HorizontalFlip)) for s in self.steps)
+        return any(
+            isinstance(s, (RandomResizedCrop, HorizontalFlip))
+            or getattr(s, "interpolation", None) == "random"
+            for s in self.steps
+        )
 
     @property
     def output_size(self) -> Size | None:
@@ -215,7 +256,7 @@ class ImagePipeline:
         for s in self.steps:
             if isinstance(s, (CenterCrop, RandomResizedCrop)):
                 size = s.size
-            elif isinstance(s, Resize):
+            elif isinstance(s, (Resize, ResizeKeepRatio)):
                 size = None
         return size
 
@@ -229,9 +270,7 @@ class ImagePipeline:
 
     def run(self, data: bytes, seed: int | None = None) -> torch.Tensor:
         """Decode ``data`` and apply every step; ``seed`` fixes the random steps."""
-        rng = random.Random(seed)
-        with Image.open(io.BytesIO(data)) as img:
-            img = self._decode(img, rng)
+        img = self.decode(data, seed)
         # One copy out of Pillow's buffer, straight into the output layout. numpy, not torch,
         # does the transpose: torch would spread this small copy over its intra-op threads,
         # which costs more than it saves (3x slower on 2 cores, main process).
@@ -242,20 +281,31 @@ class ImagePipeline:
         norm = self.normalize
         return norm.apply(tensor, self.channel_dim) if norm is not None else tensor
 
+    def decode(self, data: bytes, seed: int | None = None) -> Image.Image:
+        """The RGB PIL image of ``data`` after every geometric step (Normalize is not applied):
+        what :meth:`run` turns into a tensor, for steps that take a PIL image next."""
+        with Image.open(io.BytesIO(data)) as img:
+            return self._decode(img, random.Random(seed))
+
     def plan(self, width: int, height: int, rng: random.Random) -> Plan:
         """The geometry of every step on a ``width`` x ``height`` image, before any pixel work.
 
-        Both engines run this one plan (Pillow here, DALI in :mod:`fastload.engines.dali`),
-        so a sample gets the same crop and flip from the same seed on either engine.
+        Every engine runs this one plan (Pillow here, threads in :mod:`fastload.data.render`,
+        DALI in :mod:`fastload.engines.dali`), so a sample gets the same crop, flip and
+        interpolation from the same seed on any engine.
         """
         box = (0.0, 0.0, float(width), float(height))  # region of the original, in pixels
         out_w, out_h = width, height
-        flip = False
+        flip, interpolation = False, "bilinear"
         for step in self.steps:
             if isinstance(step, Resize):
                 bw, bh = box[2] - box[0], box[3] - box[1]
                 scale = step.shorter / min(bw, bh)
                 out_w, out_h = max(1, round(bw * scale)), max(1, round(bh * scale))
+            elif isinstance(step, ResizeKeepRatio):  # timm's rule, on the image as it is now
+                rh, rw = out_h / step.size[0], out_w / step.size[1]
+                ratio = max(rh, rw) * step.longest + min(rh, rw) * (1.0 - step.longest)
+                out_w, out_h = max(1, round(out_w / ratio)), max(1, round(out_h / ratio))
             elif isinstance(step, CenterCrop):
                 box, out_w, out_h = _center_crop(box, out_w, out_h, step.size)
             elif isinstance(step, RandomResizedCrop):
@@ -263,12 +313,17 @@ class ImagePipeline:
                 out_h, out_w = step.size
             elif isinstance(step, HorizontalFlip):
                 flip = flip ^ (rng.random() < step.p)
-        return Plan(box, out_w, out_h, flip)
+            if isinstance(step, (Resize, ResizeKeepRatio, RandomResizedCrop)):
+                # After the step's own draws, as timm draws its interpolation after the crop.
+                interpolation = step.interpolation
+                if interpolation == "random":
+                    interpolation = rng.choice(("bilinear", "bicubic"))
+        return Plan(box, out_w, out_h, flip, interpolation)
 
     def _decode(self, img: Image.Image, rng: random.Random) -> Image.Image:
         """Geometry first on the header, so JPEG draft mode can decode at reduced scale."""
         width, height = img.size
-        box, out_w, out_h, flip = self.plan(width, height, rng)
+        box, out_w, out_h, flip, interpolation = self.plan(width, height, rng)
         # Draft: let libjpeg decode at 1/2, 1/4 or 1/8 scale if the crop stays >= output size.
         bw, bh = box[2] - box[0], box[3] - box[1]
         if img.format == "JPEG" and (bw > 2 * out_w and bh > 2 * out_h):
@@ -278,10 +333,13 @@ class ImagePipeline:
             box = (box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy)
         if img.mode != "RGB":
             img = _to_rgb(img)
-        img = img.resize((out_w, out_h), Image.BILINEAR, box=box)
+        img = img.resize((out_w, out_h), _PIL_FILTERS[interpolation], box=box)
         if flip:
             img = img.transpose(Image.FLIP_LEFT_RIGHT)
         return img
+
+
+_PIL_FILTERS = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
 
 
 def _to_rgb(img: Image.Image) -> Image.Image:

@@ -9,8 +9,8 @@ several threads at once. For each sample it
 3. picks the DCT scale (1/2, 1/4, 1/8) when the crop is at least twice the output, by the
    rule Pillow's draft mode follows on the torch engine (:func:`~fastload.data.decoders.dct_scale`),
 4. decodes only the crop's region at that scale, into a buffer the thread keeps,
-5. resizes it with torch's uint8 antialiased bilinear kernel into a second buffer the thread
-   keeps, then copies it into the batch's slot in the batch's layout, mirrored by a
+5. resizes it with torch's uint8 antialiased bilinear (or bicubic, as the plan says) kernel
+   into a second buffer the thread keeps, then copies it into the batch's slot in the batch's layout, mirrored by a
    negative stride when the plan flips.
 
 Nothing is allocated per sample but array headers: the decoded region and the resized
@@ -20,8 +20,8 @@ GIL (libjpeg-turbo, torch's kernels, numpy's copy), so threads scale with cores.
 NOTE [pixels differ from the torch engine]
 The geometry is identical; the pixels are not bit-identical. The torch engine resamples a
 fractional box with Pillow; this path decodes the integer region around the box and resizes
-it with torch's antialiased bilinear kernel (the same filter, rounded differently, and the
-box rounded to whole pixels of the decoded scale). tests/test_threads_engine.py bounds the
+it with torch's antialiased bilinear or bicubic kernel (the same filters, Pillow's bicubic
+included, rounded differently, and the box rounded to whole pixels of the decoded scale). tests/test_threads_engine.py bounds the
 difference and docs/engines.md gives the measured figures.
 
 Example::
@@ -40,9 +40,12 @@ import numpy as np
 import torch
 
 from fastload.data import decoders
-from fastload.data.pipeline import ImagePipeline
+from fastload.data.pipeline import ImagePipeline, Plan
 
-_resize_out = getattr(getattr(torch.ops.aten, "_upsample_bilinear2d_aa", None), "out", None)
+_RESIZE_OUT = {  # torch's antialiased kernels with an out= overload, where this torch has them
+    mode: getattr(getattr(torch.ops.aten, f"_upsample_{mode}2d_aa", None), "out", None)
+    for mode in ("bilinear", "bicubic")
+}
 
 
 class Renderer:
@@ -79,7 +82,7 @@ class Renderer:
         x0, x1 = _span(left * fx, right * fx, width)
         y0, y1 = _span(top * fy, bottom * fy, height)
         region = self._decode(data, header, denom, (x0, y0, x1, y1))
-        self._resize(region, plan.out_w, plan.out_h, plan.flip, out)
+        self._resize(region, plan, out)
 
     def _decode(
         self, data: bytes, header: decoders.Header, denom: int, region: tuple[int, int, int, int]
@@ -102,25 +105,28 @@ class Renderer:
             # engine, so both engines agree on which files are corrupt.
             return self.fallback.decode(data, header, denom, region, buffer)
 
-    def _resize(self, region: np.ndarray, out_w: int, out_h: int, flip: bool, out: torch.Tensor) -> None:
+    def _resize(self, region: np.ndarray, plan: Plan, out: torch.Tensor) -> None:
         # HWC pixels seen as one NCHW image in channels_last order: no copy, and the layout
         # torch's uint8 antialias kernel is fastest on (0.20 ms for 224 px here, against 0.29
         # into a CHW tensor). The resized pixels land in a per-thread HWC buffer; one numpy
         # copy then moves them into the batch in its layout, mirrored by a negative stride
         # when the plan flips (0.06 ms; torch's own CHW copy of it takes 0.19 ms).
+        # Bicubic's antialiased kernel is Pillow's (a = -0.5), as torchvision's tensor resize is.
+        out_w, out_h, mode = plan.out_w, plan.out_h, plan.interpolation
         src = torch.from_numpy(region).permute(2, 0, 1).unsqueeze(0)
         scratch = self._scratch(out_h, out_w)
         target = scratch.permute(2, 0, 1).unsqueeze(0)
+        resize_out = _RESIZE_OUT[mode]
         if src.shape[2:] == (out_h, out_w):
             target.copy_(src)
-        elif _resize_out is not None:
-            _resize_out(src, [out_h, out_w], False, None, None, out=target)
+        elif resize_out is not None:
+            resize_out(src, [out_h, out_w], False, None, None, out=target)
         else:  # a torch without the out= overload: one allocation more
             target.copy_(torch.nn.functional.interpolate(
-                src, size=(out_h, out_w), mode="bilinear", antialias=True, align_corners=False,
+                src, size=(out_h, out_w), mode=mode, antialias=True, align_corners=False,
             ))
         pixels = scratch.numpy()  # (h, w, 3)
-        if flip:
+        if plan.flip:
             pixels = pixels[:, ::-1]
         np.copyto(out.numpy(), pixels.transpose(2, 0, 1) if self.layout == "CHW" else pixels)
 

@@ -22,11 +22,11 @@ torchvision transform has imported it). See docs/transforms.md.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
-import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,15 +35,8 @@ import torch
 from PIL import Image
 
 from fastload.arguments import config_error
-from fastload.data.pipeline import (
-    CenterCrop,
-    HorizontalFlip,
-    ImagePipeline,
-    Normalize,
-    RandomResizedCrop,
-    Resize,
-    Step,
-)
+from fastload.data import known_steps
+from fastload.data.pipeline import ImagePipeline, Normalize, Step
 from fastload.data.sampling import mix_seed
 from fastload.errors import ConfigError
 
@@ -68,7 +61,9 @@ def run_seeded(fn: Callable[[Any], Any], value: Any, seed: int) -> Any:
     with _RNG_LOCK, torch.random.fork_rng(devices=[]):
         python_state, numpy_state = random.getstate(), np.random.get_state()
         try:
-            torch.manual_seed(mix_seed(seed, _TORCH_STREAM))
+            # The CPU generator only, the one fork_rng(devices=[]) restores: torch.manual_seed
+            # would also reseed CUDA's (and costs 0.26 ms a sample, 200x this).
+            torch.default_generator.manual_seed(mix_seed(seed, _TORCH_STREAM))
             random.seed(mix_seed(seed, _PYTHON_STREAM))
             np.random.seed(mix_seed(seed, _NUMPY_STREAM) & 0xFFFFFFFF)
             return fn(value)
@@ -155,11 +150,36 @@ class CompiledTransform:
     def rest_names(self) -> list[str]:
         """Class names of the user's steps in ``rest`` (for messages)."""
         steps = getattr(self.rest, "steps", (self.rest,) if self.rest is not None else ())
-        steps = [getattr(s, "fn", s) for s in steps if not isinstance(s, (ToFloat, ToUint8Tensor))]
-        names = [type(s).__name__ for s in steps]
+        names = [_name(s) for s in steps if not isinstance(s, (ToFloat, ToUint8Tensor))]
         return names or ["conversions"]
 
-    def apply_rest(self, image: torch.Tensor, seed: int) -> Any:
+    @property
+    def takes_pil(self) -> bool:
+        """Whether ``rest`` starts with a step given a PIL image: then an engine may hand it
+        ``pipeline.decode``'s PIL image instead of ``pipeline.run``'s tensor (no round trip)."""
+        steps = self.rest.steps if isinstance(self.rest, Rest) else ()
+        return bool(steps) and isinstance(steps[0], OnPIL)
+
+    @functools.cached_property
+    def global_draws(self) -> tuple[str, ...]:
+        """The steps of ``rest`` that draw from torch's, Python's or numpy's global random
+        generator, each as a phrase naming it and them; empty when none does.
+
+        NOTE [which steps draw]: seen, not guessed. The first time it is asked (when a loader
+        chooses its engine), ``rest`` runs once on a uint8 test image of the pipeline's output
+        size, step by step, with the three generators' states compared around each step and
+        restored afterwards, as the dataset probe sees a draw (NOTE [the dataset probe]). A
+        Normalize with tensor mean/std, a ``Lambda`` that draws nothing, a conversion: no draw.
+        torchvision's random steps draw on every call (their ``p`` is itself a draw), timm's
+        RandAugment and RandomErasing too. A step that raises on the test image cannot be seen:
+        it and the steps after it are counted as drawing. A step that draws only on some images
+        is the one case this misses. Example: ``c.global_draws == ("ColorJitter draws from
+        torch's global random generator",)``.
+        """
+        steps = getattr(self.rest, "steps", (self.rest,) if self.rest is not None else ())
+        return _global_draws(steps, self.pipeline.output_size or (64, 64))
+
+    def apply_rest(self, image: torch.Tensor | Image.Image, seed: int, *, seeded: bool = True) -> Any:
         """``rest`` then ``normalize`` on ``image``; the random draws are a function of ``seed``.
 
         NOTE [one lock for the global generators]: ``rest`` runs under a process-wide lock
@@ -167,9 +187,13 @@ class CompiledTransform:
         restored afterwards, so this is safe (and reproducible) from several threads at once,
         one sample at a time. Without ``rest`` the image is returned unchanged. Example:
         ``torch.equal(c.apply_rest(x.clone(), seed=3), c.apply_rest(x.clone(), seed=3))``.
+        ``seeded=False`` runs ``rest`` as it is, outside the lock, touching no generator: for
+        a rest that draws nothing (``global_draws`` empty) in threads of the training process.
         """
         out: Any = image
-        if self.rest is not None:
+        if self.rest is not None and not seeded:
+            out = _uint8_tensor(self.rest(image))
+        elif self.rest is not None:
             out = _uint8_tensor(run_seeded(self.rest, image, seed))  # a PIL image at the end (no ToTensor) comes back as uint8 CHW
         if self.normalize is not None:
             if not (isinstance(out, torch.Tensor) and out.dtype == torch.uint8):
@@ -192,130 +216,73 @@ class CompiledTransform:
         return replace(self, pipeline=self.pipeline.without_normalize()), norm
 
 
-class _Vision:
-    """The torchvision classes fastload recognises, v1 and v2 side by side (tuples for isinstance)."""
-
-    def __init__(self) -> None:
-        import torchvision.transforms as v1  # only reached when torchvision is already imported
-        from torchvision.transforms import v2
-
-        def both(name: str, *more: str) -> tuple[type, ...]:
-            return tuple(getattr(m, n) for n in (name, *more) for m in (v1, v2) if hasattr(m, n))
-
-        self.compose, self.rrc = both("Compose"), both("RandomResizedCrop")
-        self.resize, self.crop = both("Resize"), both("CenterCrop")
-        self.hflip, self.normalize = both("RandomHorizontalFlip"), both("Normalize")
-        self.to_tensor, self.to_uint8 = both("ToTensor"), both("PILToTensor", "ToImage")
-        self.to_dtype = both("ToDtype", "ConvertImageDtype")
-        self.noop = both("ToPureTensor", "Identity")
-        self.to_pil, self.lam = both("ToPILImage"), both("Lambda")
-        self.containers = both("RandomApply", "RandomChoice", "RandomOrder")
+def _name(step: Any) -> str:
+    """A step's name for messages: its class, or a plain function's own name."""
+    step = step.fn if isinstance(step, OnPIL) else step
+    return getattr(step, "__name__", None) or type(step).__name__
 
 
-def _vision() -> _Vision | None:
-    """torchvision's classes, or None when it is not imported (then no step can be one)."""
-    return _Vision() if "torchvision" in sys.modules else None
+def _generator_states() -> tuple[Any, ...]:
+    numpy_state = np.random.get_state()
+    return torch.get_rng_state(), random.getstate(), (numpy_state[1].copy(), *numpy_state[2:])
 
 
-def _flatten(transform: Any, tv: _Vision | None) -> list[Any]:
-    if tv is not None and isinstance(transform, tv.compose):
-        return [s for t in transform.transforms for s in _flatten(t, tv)]
-    return [transform]
+def _moved(before: tuple[Any, ...], after: tuple[Any, ...]) -> list[str]:
+    """The global generators whose state changed between ``before`` and ``after``."""
+    moved = ["torch's"] if not torch.equal(before[0], after[0]) else []
+    moved += ["Python's"] if before[1] != after[1] else []
+    numpy_same = np.array_equal(before[2][0], after[2][0]) and before[2][1:] == after[2][1:]
+    return moved + ([] if numpy_same else ["numpy's"])
 
 
-def _bilinear(step: Any, tv: _Vision) -> str | None:
-    """Why ``step``'s resampling differs from fastload's (Pillow bilinear, antialiased), or None."""
-    mode = getattr(step.interpolation, "value", step.interpolation)  # InterpolationMode, str, int
-    if mode not in ("bilinear", Image.BILINEAR):
-        return f"interpolation={mode!r}, fastload's decode resizes bilinear"
-    if step.antialias not in (True, None):  # None: antialiased on the PIL images torchvision gets
-        return f"antialias={step.antialias!r}, fastload's decode always antialiases"
-    return None
+def _global_draws(steps: Sequence[Callable[[Any], Any]], size: tuple[int, int]) -> tuple[str, ...]:
+    """NOTE [which steps draw]: run ``steps`` once on a test image, watching the generators."""
+    pixels = np.random.default_rng(0).integers(0, 256, (3, *size), dtype=np.uint8)  # its own generator
+    image: Any = torch.from_numpy(pixels)
+    found: list[str] = []
+    with _RNG_LOCK, torch.random.fork_rng(devices=[]):
+        python_state, numpy_state = random.getstate(), np.random.get_state()
+        try:
+            for step in steps:
+                name = _name(step)
+                before = _generator_states()
+                try:
+                    image = step(image)
+                except Exception as exc:  # a user's step, on an image it may not expect
+                    found.append(
+                        f"{name} may draw from a global random generator (it raised "
+                        f"{type(exc).__name__} on a {size[0]}x{size[1]} test image, so fastload "
+                        "could not watch it or the steps after it)"
+                    )
+                    break
+                moved = _moved(before, _generator_states())
+                if moved:
+                    plural = "s" if len(moved) > 1 else ""
+                    found.append(f"{name} draws from {' and '.join(moved)} global random generator{plural}")
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+    return tuple(found)
 
 
-def _geometric(step: Any, tv: _Vision) -> tuple[Step | None, str]:
-    """The fastload step for a torchvision geometric step (or None), and the note saying why."""
-    try:
-        if isinstance(step, tv.rrc):
-            why = _bilinear(step, tv)
-            if why is None:
-                return RandomResizedCrop(tuple(step.size), tuple(step.scale), tuple(step.ratio)), ""
-            return None, why
-        if isinstance(step, tv.resize):
-            size = [step.size] if isinstance(step.size, int) else list(step.size)
-            why = _bilinear(step, tv)
-            if len(size) != 1:
-                why = f"size={tuple(size)} sets both sides; fastload's Resize keeps the aspect ratio"
-            elif step.max_size is not None:
-                why = f"max_size={step.max_size} has no fastload equivalent"
-            return (Resize(size[0]), "") if why is None else (None, why)
-        if isinstance(step, tv.crop):
-            return CenterCrop(tuple(step.size)), ""
-        if isinstance(step, tv.hflip):
-            return HorizontalFlip(float(step.p)), ""
-    except ConfigError as exc:  # e.g. scale=(0.5, 1.5): torchvision allows it, fastload does not
-        return None, f"fastload refuses its arguments ({exc})"
-    return None, ""  # not a geometric step
-
-
-def _conversion(step: Any, tv: _Vision | None) -> str | None:
-    """"float" (to float in [0, 1]), "uint8" (to a uint8 tensor), "noop", or None (not a conversion)."""
-    if tv is None:
-        return None
-    for kind, classes in (("float", tv.to_tensor), ("uint8", tv.to_uint8), ("noop", tv.noop)):
-        if isinstance(step, classes):
-            return kind
-    if isinstance(step, tv.to_dtype) and getattr(step, "dtype", None) == torch.float32:
-        # ConvertImageDtype always scales; ToDtype only with scale=True.
-        return "float" if getattr(step, "scale", True) else None
-    return None
-
-
-def _normalize(step: Any, tv: _Vision | None) -> Normalize | None:
-    if tv is None or not isinstance(step, tv.normalize):
-        return None
-    mean, std = list(step.mean), list(step.std)
-    mean, std = (mean * 3 if len(mean) == 1 else mean), (std * 3 if len(std) == 1 else std)
-    try:
-        return Normalize(tuple(mean), tuple(std))
-    except ConfigError:
-        return None  # not 3 channels, or std <= 0: torchvision's own Normalize runs it
-
-
-def _pil_only(step: Any, tv: _Vision | None) -> bool:
-    """Whether ``step`` may need a PIL image: a lambda, a callable fastload does not know, or a
-    torchvision container holding one. torchvision's own transforms all take tensors."""
-    if tv is None or isinstance(step, tv.lam):
-        return True
-    if isinstance(step, tv.containers):
-        return any(_pil_only(s, tv) for s in step.transforms)
-    return not type(step).__module__.startswith("torchvision.")
-
-
-def _makes_float(step: Any, tv: _Vision | None) -> bool:
-    """Whether ``step`` turns the image into floats (any ToDtype/ConvertImageDtype to a float)."""
-    dtype = getattr(step, "dtype", None)
-    return _conversion(step, tv) == "float" or (
-        tv is not None and isinstance(step, tv.to_dtype) and getattr(dtype, "is_floating_point", False)
-    )
-
-
-def _trailing_normalize(tail: list[Any], tv: _Vision | None) -> tuple[int, Normalize | None, str]:
+def _trailing_normalize(
+    tail: list[Any], known: known_steps.Known | None
+) -> tuple[int, Normalize | None, str]:
     """Where ``tail``'s trailing "to float (+ Normalize)" starts, as fastload's Normalize, a note.
 
     Only when the steps before it saw uint8 (or PIL) in the user's order, as they do here:
     conversions holding a "to float", then Normalize or the end; else ``(len(tail), None, "")``.
     """
     end = len(tail)
-    while end and _conversion(tail[end - 1], tv) == "noop":
+    while end and known_steps.conversion(tail[end - 1], known) == "noop":
         end -= 1  # a ToPureTensor at the very end changes nothing here
-    norm = _normalize(tail[end - 1], tv) if end else None
+    norm = known_steps.normalize(tail[end - 1], known) if end else None
     stop = end - 1 if norm is not None else end
     start = stop
-    while start and _conversion(tail[start - 1], tv) is not None:
+    while start and known_steps.conversion(tail[start - 1], known) is not None:
         start -= 1
-    block = [_conversion(s, tv) for s in tail[start:stop]]
-    if "float" not in block or any(_makes_float(s, tv) for s in tail[:start]):
+    block = [known_steps.conversion(s, known) for s in tail[start:stop]]
+    if "float" not in block or any(known_steps.makes_float(s, known) for s in tail[:start]):
         return len(tail), None, ""
     where = "on the device with DataLoader(device=...), else on the host"
     if norm is None:  # a bare "to float" is Normalize(mean=0, std=1): x / 255
@@ -346,30 +313,33 @@ def compile_transform(transform: Callable[[Any], Any], *, layout: str = "CHW") -
             "ImageFolder", "transform", transform, "a callable such as T.Compose([...])",
             "Pass the transform object itself, e.g. transform=T.Compose([T.Resize(256), T.ToTensor()])",
         )
-    tv = _vision()
-    flat = _flatten(transform, tv)
+    known = known_steps.Known.find()
+    flat = known_steps.flatten(transform, known)
     steps: list[Step] = []
     notes: list[str] = []
     pending: list[Any] = []  # conversions met inside the prefix: they run right after it
     why_not: dict[int, str] = {}  # id(step) -> why a geometric step was not compiled
     prefix = 0
-    for step in flat if tv is not None else ():
-        compiled, why = _geometric(step, tv)
+    for step in flat if known is not None else ():
+        compiled, why = known_steps.geometric(step, known)
         if compiled is not None:
             steps.append(compiled)
-            notes.append(f"{type(step).__name__} -> decode")
-        elif _conversion(step, tv) is not None:
+            mode = getattr(compiled, "interpolation", "bilinear")
+            drawn = " (bilinear or bicubic, drawn per sample)" if mode == "random" else ""
+            how = "" if mode == "bilinear" else f", {mode}{drawn}"
+            notes.append(f"{type(step).__name__} -> decode{how}")
+        elif known_steps.conversion(step, known) is not None:
             pending.append(step)
         else:
             why_not[id(step)] = why
             break
         prefix += 1
     tail = pending + flat[prefix:]
-    start, norm, norm_note = _trailing_normalize(tail, tv)
+    start, norm, norm_note = _trailing_normalize(tail, known)
     runnable: list[Callable[[Any], Any]] = []
     pil = True  # what torchvision's ImageFolder hands the user's Compose: a PIL image
     for step in tail[:start]:
-        kind, name = _conversion(step, tv), type(step).__name__
+        kind, name = known_steps.conversion(step, known), type(step).__name__
         if kind == "noop":
             continue
         elif kind is not None:
@@ -377,16 +347,17 @@ def compile_transform(transform: Callable[[Any], Any], *, layout: str = "CHW") -
             pil = False
             if kind == "float":
                 notes.append(f"{name} -> float in [0, 1]")
-        elif pil and _pil_only(step, tv):
+        elif pil:  # what torchvision's ImageFolder gives it; PIL's kernels are also the faster
             runnable.append(OnPIL(step))
-            notes.append(f"{name} gets a PIL image (from the uint8 tensor), as before ToTensor")
+            because = f" ({why_not[id(step)]})" if why_not.get(id(step)) else ""
+            notes.append(f"{name} runs as-is on a PIL image, as before ToTensor{because}")
         else:
             runnable.append(step)
-            pil = pil or (tv is not None and isinstance(step, tv.to_pil))
-            floats = any(isinstance(r, ToFloat) or _makes_float(r, tv) for r in runnable)
+            pil = pil or known_steps.is_to_pil(step, known)
+            floats = any(isinstance(r, ToFloat) or known_steps.makes_float(r, known) for r in runnable)
             dtype = "float" if floats else "uint8"
             because = f" ({why_not[id(step)]})" if why_not.get(id(step)) else ""
-            if _normalize(step, tv) is not None:  # only a last "to float + Normalize" moves
+            if known_steps.normalize(step, known) is not None:  # only a last "to float + Normalize" moves
                 because = " on the host: steps run on floats before or after it"
             notes.append(f"{name} runs as-is on the {dtype} tensor{because}")
     if norm_note:

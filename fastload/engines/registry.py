@@ -99,31 +99,40 @@ def _dali_blocker(request: EngineRequest) -> str | None:
     """Why the DALI engine cannot give what torch would for this loader, or None if it can."""
     rest = _transform_rest(request)
     if rest is not None:
-        return f"the transform's {rest} run on torch tensors; DALI runs only the declared steps"
+        names = ", ".join(rest.rest_names)
+        return f"the transform's {names} run on torch tensors; DALI runs only the declared steps"
+    steps = getattr(getattr(request.dataset, "pipeline", None), "steps", ())
+    resampled = {getattr(s, "interpolation", "bilinear") for s in steps} - {"bilinear"}
+    if resampled:
+        return (f"the pipeline resizes with interpolation {', '.join(sorted(resampled))}; "
+                "fastload's DALI graph resizes bilinear only")
     return _declared_blocker(request)
 
 
 def _threads_blocker(request: EngineRequest) -> str | None:
     """Why the threaded engine cannot give what torch would for this loader, or None if it can."""
+    why = _declared_blocker(request)
     rest = _transform_rest(request)
-    if rest is not None:
-        # NOTE [the rest of a transform stays in workers]: torchvision's random transforms
-        # draw from torch's global generator. Threads of the training process would share it
-        # with the training loop (dropout, sampling) while a sample's seed is set: each
-        # worker process has a generator of its own.
+    if why is not None or rest is None:
+        return why
+    draws = rest.global_draws  # runs the rest once on a test image (NOTE [which steps draw])
+    if draws:
+        # NOTE [the rest of a transform stays in workers]: a step that draws from a global
+        # generator would share it with the training loop (dropout, sampling) in threads of
+        # the training process, while a sample's seed is set: each worker process has its own.
         return (
-            f"the transform's {rest} draw from torch's global random generator, which "
-            "threads would share with the training loop; they run in torch worker processes"
+            f"the transform's {'; '.join(draws)}, which threads would share with the training "
+            "loop, so the transform's rest runs in torch worker processes"
         )
-    return _declared_blocker(request)
+    return None  # a rest that draws nothing runs on the threads, after the decode
 
 
-def _transform_rest(request: EngineRequest) -> str | None:
-    """The steps of a user transform that did not compile into the decode, by name, or None."""
+def _transform_rest(request: EngineRequest) -> Any:
+    """The dataset's compiled transform when steps of it did not compile into the decode, or None."""
     compiled = getattr(request.dataset, "compiled", None)  # ImageFolder(transform=...)
     if compiled is None or compiled.rest is None:
         return None
-    return ", ".join(compiled.rest_names)
+    return compiled
 
 
 ENGINES: dict[str, EngineSpec] = {

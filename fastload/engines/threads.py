@@ -23,7 +23,10 @@ pixel threads themselves (see READ_THREADS).
 
 The order of samples and every augmentation come from the loader's batch plan and the
 per-sample seeds (NOTE [one plan, two engines] in :mod:`fastload.engines.dali`), so this
-engine gives the torch engine's labels, order, crops and flips.
+engine gives the torch engine's labels, order, crops and flips. The rest of a user transform
+that draws nothing (a Lambda, a Normalize fastload could not move: NOTE [which steps draw] in
+:mod:`fastload.data.transforms`) runs on the pixel threads after the decode, concurrently and
+touching no random generator; the batch is then collated from its outputs.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
+from torch.utils.data import default_collate
 
 from fastload.data import batchinfo, decoders
 from fastload.data.images import DECODE_ERRORS, ImageFolder
@@ -172,6 +176,7 @@ class _Batch:
         self.indices = indices
         self.images = images
         self.chunks = [(a, min(a + CHUNK, len(indices))) for a in range(0, len(indices), CHUNK)]
+        self.finished: list[Any] = [None] * len(indices)  # the transform's rest's outputs, if any
         self.reads: list[Future[list[tuple[Any, float]]]] | None = None  # None: read by pixels
         self.pixels: list[Future[list[tuple[BaseException | None, float, float]]]] = []
 
@@ -192,6 +197,8 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
         assert size is not None, "the registry's blocker admits only pipelines that end in a crop"
         self._shape = (3, *size) if pipeline.layout == "CHW" else (*size, 3)
         self._norm = pipeline.normalize
+        compiled = self._dataset.compiled  # the blocker admits only a rest that draws nothing
+        self._rest = compiled if compiled is not None and compiled.rest is not None else None
 
     def __len__(self) -> int:
         return self._len
@@ -252,11 +259,17 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
             index = batch.indices[k]
             start = time.perf_counter()
             error: BaseException | None = None
+            seed = self._dataset.sample_seed(index)
             try:
-                renderer.render(data, self._dataset.sample_seed(index), batch.images[k])
+                renderer.render(data, seed, batch.images[k])
             except DECODE_ERRORS as exc:
                 error = self._dataset.corrupt(index, exc)
                 error.__cause__ = exc
+            if error is None and self._rest is not None:
+                try:
+                    batch.finished[k] = self._rest.apply_rest(batch.images[k], seed, seeded=False)
+                except Exception as exc:  # the user's step failed: raised as the torch engine would
+                    error = exc
             out.append((error, fetch_s, time.perf_counter() - start))
         return out
 
@@ -291,7 +304,9 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
             return batchinfo.Envelope(None, info)
         start = time.perf_counter()
         images = batch.images
-        if len(keep) < len(batch.indices):
+        if self._rest is not None:
+            images = default_collate([batch.finished[k] for k in keep])
+        elif len(keep) < len(batch.indices):
             images = images[keep]
         labels = dataset.batch_targets([batch.indices[k] for k in keep])  # with target_transform
         if self._norm is not None:
