@@ -33,20 +33,18 @@ import torch.utils.data
 from torch.utils.data import Dataset, Sampler
 from torch.utils.data.dataloader import default_collate, default_convert
 
-from fastload.data import batchinfo
 from fastload.data.images import ImageFolder
 from fastload.data.sampling import EpochSampler
-from fastload.device import DeviceFeeder, resolve_device
-from fastload.engines import Backend, Choice, Engine, EngineContext, WorkerParts, choose_backend, engine_class
+from fastload.device import resolve_device
+from fastload.engines import Backend, Engine, WorkerParts, choose_backend
 from fastload.engines.probe import ProbeEngine
 from fastload.engines.threads import ThreadEngine
-from fastload.errors import ConfigError
-from fastload.loader import autotune, first_epoch, resume
+from fastload.loader import assembly, autotune, first_epoch, resume
 from fastload.loader.iterator import epoch_iterator
 from fastload.loader.plan import epoch_plan
 from fastload.loader.state import LoaderState
 from fastload.meter import StarvationMeter
-from fastload.settings import AUTO, Chosen, LoaderSettings, resolve_settings
+from fastload.settings import AUTO, LoaderSettings, resolve_settings
 
 logger = logging.getLogger(__name__)
 
@@ -149,8 +147,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         )
         if plan.public is not None:
             sampler, shuffle = plan.public, None
-        staged, collate, feeder = _stages(dataset, collate_fn, batched=bool(batch_size or batch_sampler),
-                                          device=target)
+        staged, collate, feeder = assembly.stages(dataset, collate_fn, batched=batched, device=target)
         # NOTE [probe samples reused]: served in the first epoch (fastload.loader.first_epoch).
         kept = settings.probe.kept if settings.probe is not None else None
         workers = settings.num_workers.value
@@ -165,7 +162,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 shuffle=shuffle,
                 sampler=sampler,
                 batch_sampler=batch_sampler,
-                num_workers=_as_set(settings.num_workers),
+                num_workers=assembly.as_set(settings.num_workers),
                 collate_fn=collate_fn,
                 pin_memory=settings.pin_memory.value,
                 drop_last=drop_last,
@@ -173,7 +170,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 worker_init_fn=worker_init_fn,
                 multiprocessing_context=multiprocessing_context,
                 generator=generator,
-                prefetch_factor=_as_set(settings.prefetch_factor),
+                prefetch_factor=assembly.as_set(settings.prefetch_factor),
                 persistent_workers=settings.persistent_workers.value,
                 pin_memory_device=pin_memory_device,
                 in_order=in_order,
@@ -190,8 +187,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             _declared=declared, _feeder=feeder, _choice=choice,
         )
         _keep(self, _kept=first_epoch.planned(self, kept))
-        _keep(self, meter=_attach_meter(meter, self, settings, target, feeder))
-        _keep(self, _engine=_build_engine(choice, self, settings, target))
+        runs = assembly.engine_plan(plan, self)
+        _keep(self, meter=assembly.attach_meter(meter, self, settings, target, feeder,
+                                                declared=declared, plan=runs))
+        _keep(self, _engine=assembly.build_engine(choice, self, settings, target, staged, runs))
 
     def __len__(self) -> int:
         """Batches of one whole epoch on this rank, as torch counts them.
@@ -360,93 +359,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 # with the dataset, or are restarted when they persist); a changed object then gets a new key
 # and its new bytes. A local dataset needs none of this: each read stats its file (NOTE [a stat
 # per local read] in fastload.cache.tiered). The full model: docs/reliability.md.
-
-
-def _stages(
-    dataset: Dataset,
-    collate_fn: Callable[[list[Any]], Any] | None,
-    *,
-    batched: bool,
-    device: torch.device | None,
-) -> tuple[Dataset, Callable[[list[Any]], Any] | None, DeviceFeeder | None]:
-    """The dataset, collate function and device feeder the loader runs with.
-
-    A declared dataset's collate carries worker timings and skips in an envelope, and with a
-    device its Normalize moves from the workers onto the device, batched.
-    """
-    if not isinstance(dataset, ImageFolder):
-        return dataset, collate_fn, DeviceFeeder(device) if device is not None else None
-    collate = batchinfo.CollateWithInfo(collate_fn or (default_collate if batched else default_convert))
-    if device is None:
-        return dataset, collate, None
-    dataset, norm = dataset.without_normalize()
-    return dataset, collate, DeviceFeeder(device, norm, channel_dim=dataset.pipeline.channel_dim)
-
-
-def _build_engine(
-    choice: Choice, loader: DataLoader, settings: LoaderSettings, device: torch.device | None
-) -> Any:
-    """The engine that runs the loader's epochs (:mod:`fastload.engines`)."""
-    context = EngineContext(
-        loader=loader, dataset=loader._stage_dataset, batch_sampler=_engine_plan(loader),
-        batch_size=loader.batch_size, device=device, num_threads=settings.num_workers.value,
-        pin_memory=settings.pin_memory.value,
-        draws_like_torch=settings.persistent_workers.source == "auto", parts=loader.worker_parts,
-    )
-    if choice.name == "probe":
-        return ProbeEngine.build(context, choice)
-    return engine_class(choice.name).build(context)
-
-
-def _attach_meter(
-    meter: bool | StarvationMeter,
-    loader: DataLoader,
-    settings: LoaderSettings,
-    device: torch.device | None,
-    feeder: DeviceFeeder | None,
-) -> StarvationMeter | None:
-    """The loader's meter, told what the diagnosis needs: workers, machine, device."""
-    if meter is False or meter is None:  # None: a rebuild of a loader built with meter=False
-        return None
-    if meter is True:
-        meter = StarvationMeter()
-    elif not isinstance(meter, StarvationMeter):
-        raise ConfigError(
-            f"DataLoader(meter={meter!r}): expected True, False or a "
-            "fastload.meter.StarvationMeter"
-        )
-    meter.num_workers = settings.num_workers.value
-    meter.machine = meter.machine or settings.machine
-    if loader.batch_size is None and loader.batch_sampler is None:
-        meter.batch_size = 1  # torch yields single samples
-    elif not loader._declared:  # a declared dataset may skip samples: counted by looking
-        meter.count_by_sampler(loader, batch_sampler=_engine_plan(loader))
-    if device is not None and device.type == "cuda":
-        meter.on_device = True
-        if meter.gpu is None:
-            meter.gpu = True
-    meter.copy_split = feeder is not None
-    # The workers' own counters (fastload.meter.workers), when torch was given our init.
-    meter.watch_workers(loader.worker_parts.worker_init_fn if meter.num_workers else None)
-    return meter
-
-
-def _engine_plan(loader: DataLoader) -> Any:
-    """This rank's plan: fastload's (NOTE [the public plan and the rank's plan]), else the
-    loader's own batch sampler (or, unbatched, its sampler) as torch built it."""
-    plan = loader._plan.batches
-    if plan is not None:
-        return plan
-    return loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
-
-
-def _as_set(setting: Any) -> Any:
-    """A setting's value as the loader's public attribute: a count fastload chose is a
-    :class:`~fastload.settings.Chosen` (NOTE [a rebuilt loader stays auto])."""
-    value = setting.value
-    if setting.source != "argument" and isinstance(value, int) and not isinstance(value, bool):
-        return Chosen(value)
-    return value
 
 
 def _keep(loader: DataLoader, **values: Any) -> None:
