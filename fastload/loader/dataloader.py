@@ -236,8 +236,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         name = self.backend
         if name == "auto":
             return (
-                f"measured on the first epoch's first batches ({self._choice.reason}); "
-                "loader.backend and loader.backend_reason say which runs after the first batches"
+                f"{self._choice.reason}; after the first batches loader.backend says which "
+                "won and loader.backend_reason by how much"
             )
         reason = self.backend_reason
         return reason if reason.startswith(f"{name}:") else f"{name}: {reason}"
