@@ -11,10 +11,10 @@ Example::
     >>> from fastload.testing.jpeg_mutations import base_jpegs, corpus
     >>> bases = base_jpegs()                       # name -> bytes: baseline, progressive, ...
     >>> items = corpus(bases, 300, seed=0)
-    >>> items[0].name, len(items[0].data)
-    ('420/truncate#0', 1843)
-    >>> items[0].detail
-    'cut at 1843 of 4410 bytes (in the scan)'
+    >>> items[0].name, items[0].detail
+    ('420/truncate#0', 'cut at 588 of 5689 bytes (in the DHT segment)')
+    >>> items[8].name, items[8].detail
+    ('420/broken_sof#8', 'SOF0 at 158: sampling -> 19')
 
 tests/test_jpeg_corpus.py runs it through both engines' decode paths and checks that they
 agree on which files are corrupt (docs/reliability.md, "The threaded engine's failure model").
@@ -230,11 +230,29 @@ def _set(out: bytearray, at: int, value: int, width: int = 1) -> None:
         out[at: at + width] = value.to_bytes(width, "big")
 
 
-def broken_sof(rng: random.Random, data: bytes, segs: list[Segment]) -> tuple[str, bytes]:
-    seg = _pick(rng, segs, SOF_MARKERS)
-    if seg is None:
-        return flip_bytes(rng, data, segs)
-    out = bytearray(data)
+def _fields_of(markers: Collection[int]) -> Callable[[Callable[..., str]], Mutator]:
+    """A mutator from ``edit(rng, segment, out) -> what it did``, which changes fields of a
+    random segment of ``markers`` in ``out`` (a copy of the file); bytes are flipped in a
+    file without such a segment."""
+
+    def wrap(edit: Callable[[random.Random, Segment, bytearray], str]) -> Mutator:
+        def mutator(rng: random.Random, data: bytes, segs: list[Segment]) -> tuple[str, bytes]:
+            seg = _pick(rng, segs, markers)
+            if seg is None:
+                return flip_bytes(rng, data, segs)
+            out = bytearray(data)
+            did = edit(rng, seg, out)
+            return f"{_name(seg.marker)} at {seg.start}: {did}", bytes(out)
+
+        mutator.__doc__ = edit.__doc__
+        return mutator
+
+    return wrap
+
+
+@_fields_of(SOF_MARKERS)
+def broken_sof(rng: random.Random, seg: Segment, out: bytearray) -> str:
+    """Precision, height, width, component count, or a component's id, sampling or table."""
     p = seg.payload  # precision, height(2), width(2), components, then 3 bytes each
     field = rng.choice(["precision", "height", "width", "components", "sampling", "table", "id"])
     if field == "precision":
@@ -247,65 +265,59 @@ def broken_sof(rng: random.Random, data: bytes, segs: list[Segment]) -> tuple[st
         value = rng.choice([0, 2, 4, 5, 255])
         _set(out, p + 5, value)
     else:
-        component = rng.randrange(max(1, data[p + 5] if p + 5 < len(data) else 1))
+        component = rng.randrange(max(1, out[p + 5] if p + 5 < len(out) else 1))
         offset = p + 6 + 3 * component + {"id": 0, "sampling": 1, "table": 2}[field]
         value = {"id": rng.choice([0, 2, 9, 255]),
                  "sampling": rng.choice([0x00, 0x13, 0x44, 0x51, 0xFF]),
                  "table": rng.choice([1, 3, 4, 255])}[field]
         _set(out, offset, value)
-    return f"{_name(seg.marker)} at {seg.start}: {field} -> {value}", bytes(out)
+    return f"{field} -> {value}"
 
 
-def broken_dht(rng: random.Random, data: bytes, segs: list[Segment]) -> tuple[str, bytes]:
-    seg = _pick(rng, segs, {DHT})
-    if seg is None:
-        return flip_bytes(rng, data, segs)
-    out = bytearray(data)
+@_fields_of({DHT})
+def broken_dht(rng: random.Random, seg: Segment, out: bytearray) -> str:
+    """The table's class/id, a code count (too many codes), or a symbol."""
     p = seg.payload  # class/id, then 16 code counts, then the symbols
     field = rng.choice(["class", "count", "count", "symbol"])
     if field == "class":
         value = rng.choice([0x02, 0x04, 0x20, 0x13, 0xFF])
         _set(out, p, value)
-        return f"DHT at {seg.start}: class/id -> 0x{value:02X}", bytes(out)
+        return f"class/id -> 0x{value:02X}"
     if field == "count":
         k = rng.randrange(16)
         value = rng.choice([0, 1, 17, 200, 255])
         _set(out, p + 1 + k, value)
-        return f"DHT at {seg.start}: count of {k + 1}-bit codes -> {value}", bytes(out)
+        return f"count of {k + 1}-bit codes -> {value}"
     at = rng.randrange(p + 17, max(p + 18, seg.end))
     value = rng.randrange(256)
     _set(out, at, value)
-    return f"DHT at {seg.start}: symbol at {at} -> {value}", bytes(out)
+    return f"symbol at {at} -> {value}"
 
 
-def broken_dqt(rng: random.Random, data: bytes, segs: list[Segment]) -> tuple[str, bytes]:
-    seg = _pick(rng, segs, {DQT})
-    if seg is None:
-        return flip_bytes(rng, data, segs)
-    out = bytearray(data)
+@_fields_of({DQT})
+def broken_dqt(rng: random.Random, seg: Segment, out: bytearray) -> str:
+    """The table's precision/id, or a zero quantizer."""
     p = seg.payload  # precision/id, then 64 values
     if rng.random() < 0.5:
         value = rng.choice([0x04, 0x10, 0x1F, 0xF0])
         _set(out, p, value)
-        return f"DQT at {seg.start}: precision/id -> 0x{value:02X}", bytes(out)
+        return f"precision/id -> 0x{value:02X}"
     at = rng.randrange(p + 1, max(p + 2, seg.end))
-    out[at] = 0
-    return f"DQT at {seg.start}: value at {at} -> 0", bytes(out)
+    _set(out, at, 0)
+    return f"value at {at} -> 0"
 
 
-def broken_sos(rng: random.Random, data: bytes, segs: list[Segment]) -> tuple[str, bytes]:
-    seg = _pick(rng, segs, {SOS})
-    if seg is None:
-        return flip_bytes(rng, data, segs)
-    out = bytearray(data)
+@_fields_of({SOS})
+def broken_sos(rng: random.Random, seg: Segment, out: bytearray) -> str:
+    """The component count, a selector, the table ids, or the spectral/approximation bytes."""
     p = seg.payload  # components, then 2 bytes each, then Ss, Se, Ah/Al
-    n = data[p] if p < len(data) else 0
+    n = out[p] if p < len(out) else 0
     field = rng.choice(["components", "selector", "tables", "Ss", "Se", "AhAl"])
     at = {"components": p, "selector": p + 1, "tables": p + 2, "Ss": p + 1 + 2 * n,
           "Se": p + 2 + 2 * n, "AhAl": p + 3 + 2 * n}[field]
     value = rng.choice([0, 1, 4, 5, 0x11, 0x3F, 0x40, 0xFF])
     _set(out, at, value)
-    return f"SOS at {seg.start}: {field} -> 0x{value:02X}", bytes(out)
+    return f"{field} -> 0x{value:02X}"
 
 
 def marker_in_scan(rng: random.Random, data: bytes, segs: list[Segment]) -> tuple[str, bytes]:
