@@ -229,11 +229,14 @@ def test_corrupt_jpeg_raises_a_decode_error(decoder):
                 pytest.fail(f"{kind}: pixels returned at 1/2")
 
 
-def test_roi_decodes_a_region_above_the_truncation_exactly():
-    """Rows below the region are never read: the region's pixels are still the file's."""
+def test_roi_refuses_a_file_damaged_below_the_region():
+    """The rest of the file is read to EOI (NOTE [a clean decode or Pillow's verdict]):
+    damage the crop misses still makes the decode an error, for Pillow to judge."""
     roi = decoders.DECODERS.get("roi") or pytest.skip(_why_missing("roi"))
-    data = BROKEN["truncated"]
-    got = roi.decode(data, read_header(data), 1, (0, 0, 500, 16))
+    for data in (BROKEN["truncated"], JPEGS["420"][:-2]):
+        with pytest.raises(ValueError, match="Premature end"):
+            roi.decode(data, read_header(data), 1, (0, 0, 500, 16))
+    got = roi.decode(JPEGS["420"], read_header(JPEGS["420"]), 1, (0, 0, 500, 16))
     np.testing.assert_array_equal(got, pillow(JPEGS["420"])[:16])
 
 

@@ -9,6 +9,10 @@ chosen by measurement, and ``backend="auto"``'s probe.
 from __future__ import annotations
 
 import random
+import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import psutil
@@ -21,6 +25,8 @@ from fastload.data import decoders
 from fastload.data.render import Renderer
 from fastload.engines.probe import PROBE_BATCHES, ProbeEngine
 from fastload.testing.synthetic import make_jpeg_folder
+
+NO_LATENCY = {"latency": {"latency": 0.0}}
 
 MEAN_ABS_BOUND = 4.0
 """Mean |threads - torch| over all pixels (0-255), NOTE [pixels differ from the torch engine].
@@ -172,3 +178,70 @@ def test_the_probe_can_be_turned_off_and_num_workers_means_torch(jpeg_root, monk
     monkeypatch.delenv("FASTLOAD_ENGINE_PROBE")
     loader = DataLoader(ImageFolder(jpeg_root, size=24), batch_size=1, num_workers=2)
     assert loader.backend == "torch" and "num_workers was set" in loader.backend_reason
+
+
+# -- torch's contract: timeout= and Ctrl-C (NOTE [abandoned reads]) -----------------------
+
+
+@pytest.mark.timeout(60)
+def test_timeout_raises_as_torch_does_naming_the_file_it_waits_for(jpeg_root):
+    """A store that stops answering: the timeout is the only way out of next()."""
+    ds = ImageFolder(f"latency::{jpeg_root}", size=16, storage_options=NO_LATENCY)
+    loader = DataLoader(ds, batch_size=4, backend="threads", timeout=1)
+    ds.storage.fs.hold()
+    try:
+        with pytest.raises(RuntimeError, match=r"^DataLoader timed out after 1 seconds") as info:
+            next(iter(loader))
+    finally:
+        ds.storage.fs.release()
+        loader.engine.close()
+    assert "still reading file://" in str(info.value) and str(jpeg_root) in str(info.value)
+
+
+@pytest.mark.timeout(120)
+def test_a_timeout_the_batches_meet_changes_nothing(jpeg_root):
+    ds = ImageFolder(jpeg_root, size=16, seed=1)
+    loader = DataLoader(ds, batch_size=6, shuffle=True, backend="threads", timeout=60)
+    untimed = DataLoader(ImageFolder(jpeg_root, size=16, seed=1), batch_size=6, shuffle=True,
+                         backend="threads")
+    for (a, la), (b, lb) in zip(loader, untimed, strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    loader.engine.close()
+    untimed.engine.close()
+
+
+_INTERRUPTED = textwrap.dedent("""
+    import sys, threading, time
+    from fastload import DataLoader, ImageFolder
+    ds = ImageFolder(f"latency::{sys.argv[1]}", size=16,
+                     storage_options={"latency": {"latency": 0.0}})
+    fs = ds.storage.fs
+    fs.hold()  # every read from now on blocks until a release that never comes
+    fs.reset_counts()
+    def tell_when_held():
+        while fs.total_requests == 0:
+            time.sleep(0.01)
+        print("held", flush=True)
+    threading.Thread(target=tell_when_held, daemon=True).start()
+    next(iter(DataLoader(ds, batch_size=4, backend="threads")))
+    print("a batch came through a held store", flush=True)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_ends_an_epoch_whose_reads_never_return(jpeg_root):
+    """SIGINT while the first batch's reads block forever: the process ends with
+    KeyboardInterrupt. The bound is a hang check (exit takes about a second here)."""
+    proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTED, str(jpeg_root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in err, (proc.returncode, err)
+    assert "came through" not in out
+    assert "fastload/engines/threads.py" in err  # it came while the loop waited for the batch

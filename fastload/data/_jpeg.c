@@ -10,8 +10,9 @@
  *     colour-converted (libjpeg widens to iMCU boundaries; we copy out just [x0, x1));
  *   - jpeg_skip_scanlines: the rows above y0 are entropy-decoded only (no IDCT, no
  *     colour conversion);
- *   - the rows below y1 are never read: jpeg_abort_decompress, not finish (finish errors
- *     while lines are left).
+ *   - the rows below y1 are entropy-decoded only (skipped, then the last row read), and
+ *     jpeg_finish_decompress reads on to EOI: the file is checked to its end, at a
+ *     fraction of a full decode's cost (no IDCT, no colour conversion below the region).
  * Pixels go straight into the caller's buffer (row-major HWC RGB, exactly the region's
  * size), and the GIL is released around all libjpeg work so threads decode in parallel.
  *
@@ -19,12 +20,17 @@
  * Pillow decode whole images; PyTurboJPEG 2.x needs libturbojpeg 3 (its partial-decode
  * API), which Debian 12 does not ship. FFCV and DALI also call libjpeg-turbo directly.
  *
- * Errors: any libjpeg error -> ValueError with libjpeg's message. libjpeg *warnings*
- * ("Premature end of JPEG file", "Corrupt JPEG data: ...") are errors too: a cache must
- * never serve a silently half-decoded image. CMYK/YCCK JPEGs -> UnsupportedError (a
- * ValueError subclass): libjpeg cannot convert them to RGB, the caller uses Pillow.
- * Rows below the region are not read, so a file truncated below the region decodes: the
- * pixels returned are still exactly the file's.
+ * NOTE [a clean decode or Pillow's verdict]
+ * decode() returns pixels only for a file libjpeg reads from SOI to EOI without an error
+ * *or a warning*, wherever in the file it is (above, inside or below the region). Any
+ * libjpeg error or warning ("Premature end of JPEG file", "Corrupt JPEG data: ...", a
+ * second scan where EOI belongs) is a ValueError: the caller (fastload.data.render) then
+ * lets Pillow decode the whole file, and Pillow's verdict stands, pixels or error, as on
+ * the torch engine. So a crop that misses the damage never decides whether a file is
+ * corrupt, and both engines refuse the same files. header() reads the markers up to the
+ * first scan and tolerates warnings (2 junk bytes before a DHT marker: Pillow decodes
+ * those files); its errors make read_header ask Pillow. CMYK/YCCK JPEGs ->
+ * UnsupportedError (a ValueError subclass): libjpeg cannot convert them to RGB, Pillow does.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -42,6 +48,7 @@ enum status { OK = 0, JPEG_ERROR, UNSUPPORTED, BAD_ARGUMENT };
 struct error_mgr {
     struct jpeg_error_mgr pub;
     jmp_buf jump;
+    int strict; /* warnings end the decode (decode), or are let pass (header) */
     char message[JMSG_LENGTH_MAX];
 };
 
@@ -59,9 +66,11 @@ static void stop(j_decompress_ptr cinfo, const char *message) {
 }
 
 static void on_message(j_common_ptr cinfo, int level) {
-    if (level < 0) /* a warning: corrupt or truncated data that libjpeg would patch over */
+    /* A warning: corrupt or truncated data that libjpeg would patch over. NOTE [a clean
+     * decode or Pillow's verdict]: the decode stops, and Pillow decides. */
+    if (level < 0 && ((struct error_mgr *)cinfo->err)->strict)
         on_error(cinfo);
-    /* level >= 0: trace messages, silent */
+    /* level >= 0: trace messages, silent; warnings while reading a header: let pass */
 }
 
 /* Everything a decode needs and reports, so the GIL-free part touches no Python object. */
@@ -87,7 +96,7 @@ static enum status run(struct job *job, int decode) {
     struct error_mgr err;
     volatile enum status status = OK; /* volatile: set between setjmp and longjmp */
     JDIMENSION xoffset, width;
-    JSAMPARRAY scratch;
+    JSAMPARRAY scratch, last;
     JSAMPROW rows[BATCH];
     JDIMENSION y, n, got, i;
     size_t skip, stride;
@@ -95,6 +104,7 @@ static enum status run(struct job *job, int decode) {
     cinfo.err = jpeg_std_error(&err.pub);
     err.pub.error_exit = on_error;
     err.pub.emit_message = on_message;
+    err.strict = decode;
     jpeg_create_decompress(&cinfo);
     if (setjmp(err.jump)) {
         jpeg_destroy_decompress(&cinfo);
@@ -157,8 +167,20 @@ static enum status run(struct job *job, int decode) {
         for (i = 0; scratch && i < got; i++)
             memcpy(job->out + (y + i) * stride, scratch[i] + skip, stride);
     }
+    /* NOTE [a clean decode or Pillow's verdict]: the rest of the file is read too, its
+     * rows entropy-decoded only. Skipping to the very end would mark EOI reached without
+     * reading a byte, so the rows below all but the last are skipped and the last one is
+     * read (into a row of the decoder's pool); then finish reads on to EOI. */
+    if (cinfo.output_scanline + 1 < cinfo.output_height)
+        jpeg_skip_scanlines(&cinfo, cinfo.output_height - cinfo.output_scanline - 1);
+    if (cinfo.output_scanline < cinfo.output_height) {
+        last = (*cinfo.mem->alloc_sarray)((j_common_ptr)&cinfo, JPOOL_IMAGE, width * 3, 1);
+        if (jpeg_read_scanlines(&cinfo, last, 1) != 1)
+            stop(&cinfo, "the image ended in its last row");
+    }
+    jpeg_finish_decompress(&cinfo); /* to EOI: a second scan or data cut short stops it */
 done:
-    jpeg_abort_decompress(&cinfo); /* never finish: that errors when lines are left */
+    jpeg_abort_decompress(&cinfo); /* after finish: a no-op; after a header or a refusal: ends it */
     jpeg_destroy_decompress(&cinfo);
     return status;
 }

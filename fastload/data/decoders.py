@@ -22,6 +22,17 @@ Example::
 Decoders raise :class:`Unsupported` for input they cannot handle (fall back to ``"pillow"``,
 which decodes all Pillow opens) and ValueError or OSError for corrupt input, never pixels of
 a half-decoded image.
+
+NOTE [which files are corrupt]
+Pillow decides, on every engine. The torch engine decodes with Pillow; the ``"roi"`` decoder
+returns pixels only for a JPEG that libjpeg reads from SOI to EOI without an error or a
+warning, below the region too (NOTE [a clean decode or Pillow's verdict] in ``_jpeg.c``),
+and :class:`fastload.data.render.Renderer` hands every file it refuses to Pillow, whose
+pixels or error stand. Pillow ignores libjpeg's warnings (extraneous bytes before a marker,
+corrupt entropy-coded data: it decodes those files) and refuses a file cut short or with a
+scan where EOI belongs; so does the threaded engine, whatever the crop. :func:`read_header`
+lets libjpeg's warnings pass and asks Pillow where libjpeg errs.
+tests/test_jpeg_corpus.py checks the agreement on a mutated corpus.
 """
 
 from __future__ import annotations
@@ -79,13 +90,31 @@ def read_header(data: bytes) -> Header:
 
     Raises ``PIL.Image.DecompressionBombError`` above ``2 * PIL.Image.MAX_IMAGE_PIXELS``
     (and warns above it) like ``Image.open``; ``ValueError`` or ``OSError``
-    (``UnidentifiedImageError``) for bytes that are no image.
+    (``UnidentifiedImageError``) for bytes that are no image. A JPEG header libjpeg refuses
+    is read by Pillow, whose verdict stands (NOTE [which files are corrupt]).
     """
     if _jpeg is not None and bytes(data[:3]) == b"\xff\xd8\xff":
-        width, height, _, colorspace = _jpeg.header(data)
-        _check_pixels(width, height)
-        return Header(width, height, "JPEG", _JPEG_MODES.get(colorspace, "unknown"))
-    with Image.open(io.BytesIO(data)) as img:  # reads the header only; checks the size itself
+        try:
+            width, height, _, colorspace = _jpeg.header(data)
+        except ValueError:
+            pass  # Pillow's header, or its error, below
+        else:
+            _check_pixels(width, height)
+            return Header(width, height, "JPEG", _JPEG_MODES.get(colorspace, "unknown"))
+    return pillow_header(data)
+
+
+def pillow_header(data: bytes) -> Header:
+    """The header as Pillow reads it (``Image.open``: the header only, its size checks too).
+
+    The header the Pillow decoder and the torch engine go by; where a damaged file makes
+    libjpeg and Pillow read different headers, Pillow's decides (NOTE [which files are
+    corrupt]).
+
+        >>> pillow_header(png_bytes)
+        Header(width=64, height=48, format='PNG', mode='RGB')
+    """
+    with Image.open(io.BytesIO(data)) as img:
         return Header(img.width, img.height, img.format or "unknown", img.mode)
 
 
@@ -284,7 +313,9 @@ class PillowDecoder(Decoder):
                 # floor of 1/denom gets exactly denom (ceil could round it down).
                 img.draft("RGB", (max(1, img.width // denom), max(1, img.height // denom)))
                 if img.size != scaled_size(header.width, header.height, denom):
-                    raise Unsupported(f"Pillow's draft gave {img.size}, not 1/{denom}")
+                    # No draft for this file (damaged markers): Pillow decodes it in full,
+                    # as on the torch engine, and its verdict stands; then a box reduction.
+                    img = img.reduce(denom)
             crop = img.crop(tuple(region))  # loads: truncated or corrupt data raises OSError
         if crop.mode != "RGB":  # after the crop: converting converts only the region
             crop = _to_rgb(crop)

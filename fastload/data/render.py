@@ -71,6 +71,19 @@ class Renderer:
         PIL's errors: fastload.data.images.DECODE_ERRORS), never writing garbage pixels.
         """
         header = decoders.read_header(data)
+        if header.format == "JPEG" and self.decoder is not self.fallback:
+            try:
+                self._render(data, header, seed, self.decoder, out)
+                return
+            except (decoders.Unsupported, ValueError, OSError):
+                # CMYK, or a JPEG libjpeg does not read cleanly to its end (an error or a
+                # warning, anywhere in the file): Pillow decides, with its own reading of
+                # the header, as on the torch engine (NOTE [which files are corrupt]).
+                header = decoders.pillow_header(data)
+        self._render(data, header, seed, self.fallback, out)
+
+    def _render(self, data: bytes, header: decoders.Header, seed: int, decoder: decoders.Decoder,
+                out: torch.Tensor) -> None:
         plan = self.pipeline.plan(header.width, header.height, random.Random(seed))
         left, top, right, bottom = plan.box
         denom = 1
@@ -81,29 +94,18 @@ class Renderer:
         fx, fy = width / header.width, height / header.height
         x0, x1 = _span(left * fx, right * fx, width)
         y0, y1 = _span(top * fy, bottom * fy, height)
-        region = self._decode(data, header, denom, (x0, y0, x1, y1))
+        buffer = self._buffer((y1 - y0, x1 - x0, 3))
+        region = decoder.decode(data, header, denom, (x0, y0, x1, y1), buffer)
         self._resize(region, plan, out)
 
-    def _decode(
-        self, data: bytes, header: decoders.Header, denom: int, region: tuple[int, int, int, int]
-    ) -> np.ndarray:
-        x0, y0, x1, y1 = region
-        need = (y1 - y0) * (x1 - x0) * 3
+    def _buffer(self, shape: tuple[int, int, int]) -> np.ndarray:
+        """A (h, w, 3) uint8 view of this thread's decode buffer, grown once where needed."""
+        need = shape[0] * shape[1] * shape[2]
         scratch = getattr(self._local, "scratch", None)
         if scratch is None or scratch.size < need:
-            scratch = np.empty(max(need, 1 << 20), np.uint8)  # grows, once per thread
+            scratch = np.empty(max(need, 1 << 20), np.uint8)
             self._local.scratch = scratch
-        buffer = scratch[:need].reshape(y1 - y0, x1 - x0, 3)
-        decoder = self.decoder if header.format == "JPEG" else self.fallback
-        if decoder is self.fallback:
-            return decoder.decode(data, header, denom, region, buffer)
-        try:
-            return decoder.decode(data, header, denom, region, buffer)
-        except (decoders.Unsupported, ValueError, OSError):
-            # CMYK, or a JPEG with a flaw libjpeg only warns about (extraneous bytes), which
-            # the libjpeg-turbo decoders refuse: Pillow decides, as it does on the torch
-            # engine, so both engines agree on which files are corrupt.
-            return self.fallback.decode(data, header, denom, region, buffer)
+        return scratch[:need].reshape(shape)
 
     def _resize(self, region: np.ndarray, plan: Plan, out: torch.Tensor) -> None:
         # HWC pixels seen as one NCHW image in channels_last order: no copy, and the layout

@@ -27,16 +27,28 @@ engine gives the torch engine's labels, order, crops and flips. The rest of a us
 that draws nothing (a Lambda, a Normalize fastload could not move: NOTE [which steps draw] in
 :mod:`fastload.data.transforms`) runs on the pixel threads after the decode, concurrently and
 touching no random generator; the batch is then collated from its outputs.
+
+NOTE [abandoned reads]
+torch's contract holds here as with worker processes: ``timeout=`` bounds the wait for
+each batch (``RuntimeError: DataLoader timed out after N seconds``), and Ctrl-C ends an
+epoch at once. The main thread only ever waits on futures (the first batch's decoder
+measurement runs on a pixel thread too), and any exception out of ``__next__``
+(KeyboardInterrupt, the timeout, a sample error) closes the epoch: queued reads and pixel
+tasks are cancelled, running ones see the epoch closed and skip their remaining samples.
+A read that never returns is abandoned: the pools' threads are daemon threads
+(:mod:`fastload.engines.daemon_pool`), so it holds up neither the exit nor ``close()``
+(which waits CLOSE_WAIT_S for running tasks, then leaves them to end on their own).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -46,6 +58,7 @@ from fastload.data import batchinfo, decoders
 from fastload.data.images import DECODE_ERRORS, ImageFolder
 from fastload.data.render import Renderer
 from fastload.engines.base import Engine, EngineContext
+from fastload.engines.daemon_pool import DaemonPool
 from fastload.errors import SampleError
 
 logger = logging.getLogger(__name__)
@@ -66,6 +79,10 @@ little, enough of them that the threads share a batch evenly."""
 PROBE_SAMPLES = 8
 """JPEGs of the first batch the decoders are measured on, before the epoch decodes them."""
 
+CLOSE_WAIT_S = 1.0
+"""How long :meth:`ThreadEngine.close` waits for running reads and decodes before leaving
+them to end on their own (NOTE [abandoned reads])."""
+
 
 class ThreadEngine(Engine):
     """Runs a declared ImageFolder's epochs on threads (see the module's docstring).
@@ -77,6 +94,9 @@ class ThreadEngine(Engine):
         pin_memory: allocate batches in pinned memory (for a copy to a GPU).
         decoder: a decoder name of :data:`fastload.data.decoders.DECODERS`; None measures
             the available ones on the first batch's JPEGs and keeps the fastest.
+        timeout: seconds to wait for a batch (0: forever), the loader's ``timeout`` as torch
+            applies it to worker processes; past it, ``RuntimeError`` "DataLoader timed out
+            after N seconds" (NOTE [abandoned reads]).
     """
 
     name = "threads"
@@ -86,6 +106,7 @@ class ThreadEngine(Engine):
         return cls(
             context.dataset, context.batch_sampler, threads=context.num_threads,
             pin_memory=context.pin_memory and torch.cuda.is_available(),
+            timeout=context.loader.timeout,
         )
 
     def __init__(
@@ -96,8 +117,10 @@ class ThreadEngine(Engine):
         threads: int = 1,
         pin_memory: bool = False,
         decoder: str | None = None,
+        timeout: float = 0,
     ) -> None:
         self.dataset = dataset
+        self.timeout = timeout
         self.batch_sampler = batch_sampler
         self.threads = max(1, int(threads))
         self.pin_memory = pin_memory
@@ -105,7 +128,7 @@ class ThreadEngine(Engine):
         self.decoder_reason = "not chosen yet: measured on the first batch"
         if decoder is not None:
             self._use(decoders.DECODERS[decoder], f"{decoder}: requested")
-        self._pools: tuple[ThreadPoolExecutor | None, ThreadPoolExecutor] | None = None
+        self._pools: tuple[DaemonPool | None, DaemonPool] | None = None
         # Weak: an epoch holds its engine, and a cycle would keep an abandoned loader's
         # threads alive until the cycle collector ran (the threads end when the pools go).
         self._current: weakref.ref[ThreadEpoch] | None = None
@@ -120,13 +143,13 @@ class ThreadEngine(Engine):
     def ahead(self) -> int:
         return AHEAD + 1
 
-    def pools(self) -> tuple[ThreadPoolExecutor | None, ThreadPoolExecutor]:
+    def pools(self) -> tuple[DaemonPool | None, DaemonPool]:
         """(reads, pixels); reads is None for local files, which the pixel threads read."""
         if self._pools is None:
             reads = None
             if not self.dataset.storage.is_local:
-                reads = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="fastload-read")
-            self._pools = (reads, ThreadPoolExecutor(self.threads, thread_name_prefix="fastload-pixels"))
+                reads = DaemonPool(READ_THREADS, "fastload-read")
+            self._pools = (reads, DaemonPool(self.threads, "fastload-pixels"))
         return self._pools
 
     def epoch(self) -> ThreadEpoch:
@@ -156,13 +179,21 @@ class ThreadEngine(Engine):
         self._current = None
 
     def close(self) -> None:
-        """Stop the epoch in progress and both thread pools."""
+        """Stop the epoch in progress and both thread pools: queued tasks are dropped,
+        running ones get CLOSE_WAIT_S to end; a read that hangs is left to end on its own."""
         self._close_current()
         if self._pools is not None:
+            deadline = time.monotonic() + CLOSE_WAIT_S
+            left = []
             for pool in self._pools:
-                if pool is not None:  # drops what has not started; waits for what runs
-                    pool.shutdown(wait=True, cancel_futures=True)
+                if pool is not None:
+                    left += pool.shutdown(wait_s=max(0.0, deadline - time.monotonic()))
             self._pools = None
+            if left:
+                logger.warning(
+                    "threaded engine closed with %d threads still waiting on a read or a decode "
+                    "(%s); they end when it returns and do not hold up the exit",
+                    len(left), ", ".join(t.name for t in left))
 
 
 class _Batch:
@@ -192,6 +223,10 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
         self._inflight: deque[_Batch] = deque()
         self._closed = False
         self._exhausted = False
+        self._timeout = engine.timeout
+        self._served = 0  # batches handed out
+        self._choice: Future[None] | None = None  # the first batch's decoder measurement
+        self._collecting: _Batch | None = None  # the batch __next__ waits for
         pipeline = self._dataset.pipeline
         size = pipeline.output_size
         assert size is not None, "the registry's blocker admits only pipelines that end in a crop"
@@ -219,18 +254,24 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
             batch = _Batch(indices, images)
             if reads is not None:
                 batch.reads = [reads.submit(self._read, indices[a:b]) for a, b in batch.chunks]
-            if self._engine.renderer is None:  # the first batch: measure the decoders on it
-                self._engine.choose_decoder(self._probe_bytes(batch))
+            if self._engine.renderer is None and self._choice is None:
+                # The first batch: measure the decoders on it, on a pixel thread (the main
+                # thread only waits on futures: NOTE [abandoned reads]). Queued before any
+                # pixel task, so it runs first; every pixel task waits for it.
+                self._choice = pixels.submit(self._choose, batch)
             batch.pixels = [pixels.submit(self._pixels, batch, c) for c in range(len(batch.chunks))]
             self._inflight.append(batch)
 
-    def _probe_bytes(self, batch: _Batch) -> list[bytes]:
-        """The first batch's readable bytes, at most PROBE_SAMPLES of them (decoders' choice)."""
+    def _choose(self, batch: _Batch) -> None:
+        """Measure the decoders on the first batch's readable bytes (at most PROBE_SAMPLES)."""
         if batch.reads is None:
             reads = self._read(batch.indices[:PROBE_SAMPLES])
         else:
             reads = [r for future in batch.reads for r in future.result()]
-        return [d for d, _ in reads if isinstance(d, bytes)][:PROBE_SAMPLES]
+        if self._closed:  # the epoch ended while its reads waited: measure in the next one
+            return
+        readable = [d for d, _ in reads if isinstance(d, bytes) and d]
+        self._engine.choose_decoder(readable[:PROBE_SAMPLES])
 
     def _read(self, indices: list[int]) -> list[tuple[Any, float]]:
         out: list[tuple[Any, float]] = []
@@ -245,6 +286,10 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
 
     def _pixels(self, batch: _Batch, chunk: int) -> list[tuple[BaseException | None, float, float]]:
         first, stop = batch.chunks[chunk]
+        if self._choice is not None:
+            self._choice.result()  # the decoder measured on the first batch
+        if self._closed:  # nobody reads this batch any more
+            return []
         if batch.reads is not None:
             reads = batch.reads[chunk].result()
         else:
@@ -276,20 +321,56 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
     def __next__(self) -> batchinfo.Envelope:
         if self._closed:
             raise StopIteration
-        self._submit()
-        if not self._inflight:
+        deadline = time.monotonic() + self._timeout if self._timeout > 0 else None
+        try:
+            self._submit()
+            if not self._inflight:
+                raise StopIteration
+            batch = self._collecting = self._inflight.popleft()
+            self._submit()
+            envelope = self._collect(batch, deadline)
+            self._collecting = None
+        except BaseException:  # Ctrl-C, a timeout, a sample error, the end: NOTE [abandoned reads]
             self.close()
-            raise StopIteration
-        batch = self._inflight.popleft()
-        self._submit()
-        return self._collect(batch)
+            raise
+        self._served += 1
+        return envelope
 
-    def _collect(self, batch: _Batch) -> batchinfo.Envelope:
+    def _result(self, future: Future[Any], batch: _Batch, deadline: float | None) -> Any:
+        """A task's result, waiting at most until ``deadline`` (torch's timeout error past it)."""
+        if deadline is None:
+            return future.result()
+        try:
+            return future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except concurrent.futures.TimeoutError:  # TimeoutError itself from Python 3.11
+            raise self._timed_out(batch) from None
+
+    def _timed_out(self, batch: _Batch) -> RuntimeError:
+        """torch's timeout error, naming the sample the batch still waits for."""
+        waiting, doing = None, "decoding"
+        for c, (first, stop) in enumerate(batch.chunks):
+            if batch.reads is not None and not batch.reads[c].done():
+                waiting, doing = first, "reading"
+                break
+            if waiting is None and not batch.pixels[c].done():
+                waiting = first
+        where = ""
+        if waiting is not None:
+            index = batch.indices[waiting]
+            url = self._dataset.storage.to_url(self._dataset.index.path(index))
+            where = f": the threaded engine was still {doing} {url} (index {int(index)}) and more"
+        return RuntimeError(
+            f"DataLoader timed out after {self._timeout} seconds{where} for batch "
+            f"{self._served + 1} of this epoch. Check that the storage answers, or raise timeout="
+        )
+
+    def _collect(self, batch: _Batch, deadline: float | None = None) -> batchinfo.Envelope:
         dataset = self._dataset
         info = batchinfo.BatchInfo()
         keep: list[int] = []
         for (first, _), pixels in zip(batch.chunks, batch.pixels):
-            for k, (error, fetch_s, decode_s) in enumerate(pixels.result(), start=first):
+            results = self._result(pixels, batch, deadline)
+            for k, (error, fetch_s, decode_s) in enumerate(results, start=first):
                 info.fetch_s += fetch_s
                 info.decode_s += decode_s
                 if error is None:
@@ -297,7 +378,6 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
                 elif isinstance(error, SampleError) and dataset.on_error == "skip":
                     info.skipped.append(dataset.skipped(batch.indices[k], error))
                 else:  # the first failure in sampler order, as the torch engine raises it
-                    self.close()
                     raise error
         info.samples = len(keep)
         if not keep:
@@ -317,10 +397,13 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
     def close(self) -> None:
         """Drop the batches in flight: their queued tasks are cancelled or return at once."""
         self._closed = True
-        for batch in self._inflight:
+        if self._choice is not None:
+            self._choice.cancel()
+        for batch in (*self._inflight, *([self._collecting] if self._collecting else [])):
             for future in (batch.reads or []) + batch.pixels:
                 future.cancel()
         self._inflight.clear()
+        self._collecting = None
 
     def __del__(self) -> None:
         self._closed = True

@@ -15,6 +15,13 @@ per path) and each ``open`` sleeps ``latency`` seconds first, then calls the tar
 from an opened file are not delayed further. URLs keep naming the target (``s3://...``), so
 cache keys and error messages are those of the real store. Counts are per process.
 
+:meth:`LatencyFileSystem.hold` makes it a store that stops answering: every request waits
+until :meth:`LatencyFileSystem.release` (a hung NFS server, a stalled connection), so a test
+can make a read that only a timeout or Ctrl-C ends, whatever the machine's speed::
+
+    >>> fs.hold()                                # requests from now on wait ...
+    >>> fs.release()                             # ... until this
+
 It is also an async filesystem for whole reads (``async_impl``; NOTE [latency async]):
 ``await fs._cat_file(path)`` on ``fs.loop`` sleeps with ``asyncio.sleep``, so many requests
 wait at once on one event loop as they do against a real object store, and counts as a
@@ -53,7 +60,8 @@ class LatencyFileSystem(ChainedFileSystem):
         latency: seconds added to every request (default 0.015).
 
     Attributes:
-        requests: a Counter of requests by method name, in this process.
+        requests: a Counter of requests by method name, in this process (a held request
+            counts when it arrives).
     """
 
     protocol = "latency"
@@ -76,6 +84,8 @@ class LatencyFileSystem(ChainedFileSystem):
         self.latency = float(latency)
         self.requests: Counter[str] = Counter()
         self._count_lock = threading.Lock()
+        self._answering = threading.Event()
+        self._answering.set()
 
     @property
     def total_requests(self) -> int:
@@ -87,8 +97,20 @@ class LatencyFileSystem(ChainedFileSystem):
         with self._count_lock:
             self.requests.clear()
 
+    def hold(self) -> None:
+        """Stop answering: every request from now on waits until :meth:`release`.
+
+        fsspec shares one instance between all users of the same options in a process, so a
+        test that holds must release (in a ``finally``)."""
+        self._answering.clear()
+
+    def release(self) -> None:
+        """Answer again: the requests waiting since :meth:`hold` go on, after their latency."""
+        self._answering.set()
+
     def _request(self, method: str) -> None:
         self._count(method)
+        self._answering.wait()
         if self.latency:
             time.sleep(self.latency)
 
@@ -109,6 +131,8 @@ class LatencyFileSystem(ChainedFileSystem):
     ) -> bytes:
         """:meth:`cat_file` as a coroutine on :attr:`loop` (NOTE [latency async])."""
         self._count("cat_file")
+        while not self._answering.is_set():  # held: poll, the loop serves other requests
+            await asyncio.sleep(0.05)
         if self.latency:
             await asyncio.sleep(self.latency)
         target = self._target_path(path)

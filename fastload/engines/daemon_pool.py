@@ -1,0 +1,108 @@
+"""A thread pool whose threads never hold up the interpreter's exit, nor a close.
+
+``concurrent.futures.ThreadPoolExecutor`` joins its threads at interpreter exit, after
+running every task still queued: a read blocked on a store that no longer answers then
+keeps a Ctrl-C'd training process alive until the read returns, and the queued reads
+after it too. The threaded engine's reads and pixel work run here instead
+(NOTE [abandoned reads] in :mod:`fastload.engines.threads`): daemon threads, queued tasks
+cancelled on :meth:`DaemonPool.shutdown`, and a shutdown that waits for running tasks
+only as long as it is told. A pool dropped without a shutdown ends its idle threads when
+it is collected, as ``ThreadPoolExecutor`` does.
+
+Example::
+
+    >>> pool = DaemonPool(4, "fastload-read")
+    >>> future = pool.submit(fs.cat_file, path)       # a concurrent.futures.Future
+    >>> future.result(timeout=10)
+    >>> left = pool.shutdown(wait_s=1.0)             # threads still busy after 1 s
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_STOP = None  # the queue item that ends a thread
+_Task = tuple[Future[Any], Callable[..., Any], tuple]
+
+
+class DaemonPool:
+    """Up to ``threads`` daemon threads, started as tasks arrive, named ``name-N``."""
+
+    def __init__(self, threads: int, name: str) -> None:
+        self.max_threads = max(1, int(threads))
+        self.name = name
+        self._queue: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._shutdown = False
+        # The threads hold the queue, never the pool: collected, it stops them.
+        self._stop = weakref.finalize(self, _stop, self._queue, self._threads)
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``fn(*args)`` on a thread of the pool; its result or exception in the Future."""
+        future: Future[T] = Future()
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError(f"the {self.name} pool is shut down")
+            self._queue.put((future, fn, args))
+            if len(self._threads) < self.max_threads:
+                thread = threading.Thread(target=_work, args=(self._queue,), daemon=True,
+                                          name=f"{self.name}-{len(self._threads)}")
+                thread.start()
+                self._threads.append(thread)
+        return future
+
+    def shutdown(self, *, wait_s: float = 0.0) -> list[threading.Thread]:
+        """Cancel the queued tasks, let each thread end after its running one, and wait up
+        to ``wait_s`` seconds for them; returns the threads still running then (daemon
+        threads: they end when their task returns, and never hold up exit)."""
+        with self._lock:
+            self._shutdown = True
+            threads = list(self._threads)
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP:
+                item[0].cancel()
+        self._stop()  # one stop per thread, once
+        deadline = time.monotonic() + wait_s
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return [t for t in threads if t.is_alive()]
+
+
+def _work(tasks: queue.SimpleQueue[_Task | None]) -> None:
+    """A pool thread: runs tasks until a stop. Holds nothing of a task while it waits for
+    the next (a result may lead back to the pool, which would then never be collected)."""
+    while True:
+        item = tasks.get()
+        if item is _STOP:
+            return
+        _run(*item)
+        del item
+
+
+def _run(future: Future[Any], fn: Callable[..., Any], args: tuple) -> None:
+    if not future.set_running_or_notify_cancel():
+        return  # cancelled while queued
+    try:
+        result = fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - the Future carries it to its reader
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
+def _stop(tasks: queue.SimpleQueue[_Task | None], threads: list[threading.Thread]) -> None:
+    for _ in threads:
+        tasks.put(_STOP)
