@@ -70,7 +70,8 @@ def cache() -> None:
 @click.option("--policy", type=click.Choice(["keep", "lru"]), default="keep", show_default=True)
 @click.option("--redis", default=None, metavar="URL",
               help="Also fill this shared Redis tier (redis://host:6379/0); N warmers with "
-                   "--shard I/N fill it together.")
+                   "--shard I/N fill it together. Entries are authenticated with "
+                   "FASTLOAD_CACHE_HMAC_KEY when it is set (docs/cache.md).")
 @click.option("--max-failures", default=MAX_FAILURES, show_default=True, type=click.IntRange(1),
               help="Give up after this many objects in a row failed (the store looks down); "
                    "run the same command again to resume.")
