@@ -1,8 +1,9 @@
 """The exit codes of the installed ``fastload`` console script and of ``python -m fastload``.
 
 Contract: 0 success; 1 failures (objects not fetched, corrupt entries, origin unavailable);
-2 bad usage or bad input; 130 interrupted (SIGINT), 143 stopped (SIGTERM). Run as subprocesses: click's test runner bypasses
-the console script's ``sys.exit(main())``, which is where the codes were once lost.
+2 bad usage or bad input; 130 interrupted (SIGINT), 143 stopped (SIGTERM). Run as
+subprocesses: click's test runner bypasses the console script's ``sys.exit(main())``, which
+is where the codes were once lost.
 """
 
 from __future__ import annotations
@@ -181,7 +182,8 @@ def test_a_signal_stops_the_warm_saying_what_is_kept(tmp_path, sig, code):
     # what it said it kept is there, whole: the same warm run again skips exactly those
     again = _run("cache", "warm", f"latency::file://{data}", "--cache", str(cache),
                  "-o", 'latency={"latency": 0}')
-    assert again.returncode == 0 and f"{30 - kept} fetched, {kept} already cached" in again.stdout, again
+    assert again.returncode == 0, again
+    assert f"{30 - kept} fetched, {kept} already cached" in again.stdout, again
     assert _run("cache", "verify", str(cache)).returncode == 0
 
 

@@ -47,7 +47,7 @@ def _copy_class(root: Path, src: str, dst: str) -> None:
 
 def _change(root: Path, how: str) -> None:
     """One change to a local dataset tree, as a user (or rsync) would make it."""
-    first = sorted((root / "class_01").glob("*.jpg"))[0]
+    first = min((root / "class_01").glob("*.jpg"))
     if how == "class added":
         _copy_class(root, "class_01", "a")  # sorts first: every label would shift
     elif how == "files added to a class":
@@ -125,7 +125,7 @@ def test_a_tree_past_the_folder_cap_keeps_its_class_folders_and_warns(root, tmp_
 
 def _stored(cache_dir: Path) -> tuple[object, str]:
     disk = open_cache(cache_dir).tiers[0]
-    (key,) = [k for k in disk.keys() if is_listing_key(k)]  # noqa: SIM118 (a tier)
+    (key,) = [k for k in disk.keys() if is_listing_key(k)]  # noqa: SIM118 - a tier, not a dict
     return disk, key
 
 
@@ -168,7 +168,7 @@ def test_a_forged_listing_in_redis_is_refused_before_a_file_outside_the_root_is_
     node_a = {"redis": redis_server.url}
     first = ImageFolder(str(root), size=16, cache=node_a)
     redis_tier = open_cache(node_a).tiers[0]
-    (key,) = [k for k in redis_tier.keys() if is_listing_key(k)]
+    (key,) = [k for k in redis_tier.keys() if is_listing_key(k)]  # noqa: SIM118 - a tier
     forged = _with_path(DatasetIndex.from_bytes(redis_tier.get(key)), "../secret.txt")
     redis_tier.delete(key)
     assert redis_tier.put(key, forged.to_bytes())
@@ -176,7 +176,7 @@ def test_a_forged_listing_in_redis_is_refused_before_a_file_outside_the_root_is_
     assert list(other.samples) == list(first.samples)
     for i in range(len(other)):
         assert other.read_bytes(i) != b"secret bytes"
-    assert not [k for k in redis_tier.keys() if "secret" in k]
+    assert not [k for k in redis_tier.keys() if "secret" in k]  # noqa: SIM118 - a tier
     assert "does not lie below the dataset root" in caplog.text
 
 
@@ -203,13 +203,14 @@ def test_a_class_added_or_deleted_on_s3_is_seen_by_the_next_build(s3_root, s3_op
                                                                   tmp_path, how, caplog):
     cache = tmp_path / "cache"
     before = ImageFolder(s3_root, size=16, cache=cache, storage_options=s3_options)
-    jpeg = (root / "class_01" / sorted(os.listdir(root / "class_01"))[0]).read_bytes()
+    jpeg = (root / "class_01" / min(os.listdir(root / "class_01"))).read_bytes()
     if how == "class added":
         _put(s3_options, f"{s3_root}/a/new.jpg", jpeg)
     else:
         _rm(s3_options, f"{s3_root}/class_00")
     after = ImageFolder(s3_root, size=16, cache=cache, storage_options=s3_options)
-    assert f"class folders {'added: a' if how == 'class added' else 'removed: class_00'}" in caplog.text
+    said = "added: a" if how == "class added" else "removed: class_00"
+    assert f"class folders {said}" in caplog.text
     assert after.classes != before.classes
     _same_as_uncached(after, storage_options=s3_options)
 
@@ -219,7 +220,7 @@ def test_files_added_within_an_s3_class_are_a_loud_snapshot(s3_root, s3_options,
                                                             tmp_path, caplog):
     cache = tmp_path / "cache"
     ImageFolder(s3_root, size=16, cache=cache, storage_options=s3_options)
-    jpeg = (root / "class_01" / sorted(os.listdir(root / "class_01"))[0]).read_bytes()
+    jpeg = (root / "class_01" / min(os.listdir(root / "class_01"))).read_bytes()
     _put(s3_options, f"{s3_root}/class_02/new.jpg", jpeg)
     caplog.clear()
     snapshot = ImageFolder(s3_root, size=16, cache=cache, storage_options=s3_options)

@@ -27,9 +27,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import redis
-from redis.exceptions import NoPermissionError
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.exceptions import NoPermissionError
 from redis.retry import Retry
 
 from fastload.cache.config import redact_url

@@ -87,7 +87,11 @@ def cache() -> None:
 def warm_command(url: str, directory: str, jobs: int | None, shard: str, disk_size: str | None,
                  policy: str, redis: str | None, max_failures: int, options: tuple[str, ...],
                  max_side: int | None, quality: int | None, as_json: bool) -> None:
-    """Fetch every object below URL into the cache; resumable, exits 1 if any failed."""
+    """Fetch every object below URL into the cache; resumable, exits 1 if any failed.
+
+    Ctrl-C or SIGTERM (a scheduler's stop) ends it saying how many files are cached and
+    kept; exit 130 or 143, and the same command resumes.
+    """
     try:
         shard_of = parse_shard(shard)
     except ConfigError as exc:

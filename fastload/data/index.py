@@ -256,7 +256,8 @@ class DatasetIndex:
 
         Example::
 
-            >>> DatasetIndex.build("/data/", ["cat/../../etc/passwd"], [0], classes=["cat"]).escaping_path()
+            >>> index = DatasetIndex.build("/data/", ["cat/../../etc/passwd"], [0], classes=["cat"])
+            >>> index.escaping_path()
             'cat/../../etc/passwd'
         """
         st = self._state

@@ -59,7 +59,7 @@ def take(storage: Storage) -> dict[str, Any] | None:
         if storage.is_local:
             return _local_stamp(storage.root)
         return {"kind": "remote", "folders": _remote_folders(storage)}
-    except Exception as exc:  # any store's error: the listing will name it properly
+    except Exception as exc:  # noqa: BLE001 - any store's error: the listing names it properly
         logger.debug("%s: no freshness stamp (%s); the next start lists again", storage.url, exc)
         return None
 
@@ -73,7 +73,7 @@ def changes(storage: Storage, stamp: Any) -> list[str]:
         if stamp["kind"] == "remote":
             return _named(set(stamp["folders"]), set(_remote_folders(storage)))
         return _local_changes(storage.root, stamp["folders"])
-    except Exception as exc:  # cannot tell: list again, and let the listing report it
+    except Exception as exc:  # noqa: BLE001 - cannot tell: list again, the listing reports it
         return [f"its folders could not be checked ({type(exc).__name__}: {exc})"]
 
 
@@ -141,7 +141,8 @@ def _local_changes(root: str, folders: dict[str, str]) -> list[str]:
                 "the root's own entries changed (files added or removed directly in it)"
             ]
         else:
-            found.append(f"{rel}/ {'is gone' if now is None else 'changed (files added, removed or renamed)'}")
+            how = "is gone" if now is None else "changed (files added, removed or renamed)"
+            found.append(f"{rel}/ {how}")
         if len(found) >= _SHOWN:  # enough to say why; the whole root is listed again anyway
             break
     return found

@@ -152,11 +152,11 @@ class StoredListing:
         except IndexFormatError as exc:
             logger.debug("ignoring the stored listing %s in the %s tier: %s; listing again", self.key, tier.name, exc)
             return None
-        made_for = index.extra
-        if {k: made_for.get(k) for k in self.extra()} != self.extra() or index.prefix != self.prefix:
+        made_for = {k: index.extra.get(k) for k in self.extra()}  # not its stamp: long
+        if made_for != self.extra() or index.prefix != self.prefix:
             logger.debug(
                 "ignoring the stored listing %s in the %s tier: it is of %r below %r; listing "
-                "again", self.key, tier.name, index.extra, index.prefix,
+                "again", self.key, tier.name, made_for, index.prefix,
             )
             return None
         escaping = index.escaping_path()
@@ -256,7 +256,8 @@ def index_of_root(
             index = stored.load(max_age, changes) if reuse else None
             if index is None:
                 stamp = listing_stamp.take(storage)  # before the listing: never newer than it
-                found = scan(storage, extensions, on_error, extra={**stored.extra(), "stamp": stamp})
+                extra = {**stored.extra(), "stamp": stamp}
+                found = scan(storage, extensions, on_error, extra=extra)
                 if not found.complete:  # a listing that left folders out is not reused
                     return found.index, None
                 stored.save(found.index)
