@@ -109,6 +109,9 @@ class LoaderSettings:
     """The most workers the probe's numbers allow (cores, memory); re-tuning stays below it."""
     engine: str | None = field(default=None, repr=False)
     """The engine decision as the loader states it (``loader.settings`` fills it in)."""
+    dataset_note: str | None = field(default=None, repr=False)
+    """What the dataset says about its samples (``ImageFolder.listing_note``: a reused
+    listing's age and what it may leave out), shown last."""
 
     def items(self) -> list[tuple[str, Setting[Any]]]:
         return [
@@ -131,6 +134,8 @@ class LoaderSettings:
         )
         if self.probe is not None:
             rows.append(self.probe.summary())
+        if self.dataset_note:
+            rows.append(f"dataset: {self.dataset_note}")
         if self.engine is not None:
             rows.append(f"engine: {self.engine}")
         return "\n".join(rows)
@@ -368,7 +373,9 @@ def resolve_settings(
             False, "auto", "torch's default kept: the dataset may change between epochs"
         )
 
-    return LoaderSettings(workers, pin, prefetch, persist, machine, probe, limit)
+    note = getattr(dataset, "listing_note", None)
+    return LoaderSettings(workers, pin, prefetch, persist, machine, probe, limit,
+                          note if isinstance(note, str) else None)
 
 
 def probe_enabled() -> bool:

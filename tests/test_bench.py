@@ -238,7 +238,7 @@ def test_cli_bad_input_exits_2(
     assert "Traceback" not in err
 
 
-def test_cli_unreachable_endpoint_exits_2(
+def test_cli_unreachable_endpoint_exits_1(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     s3fs = pytest.importorskip("s3fs")
@@ -257,8 +257,9 @@ def test_cli_unreachable_endpoint_exits_2(
     finally:  # fsspec caches the instance, bound to this endpoint: later tests need a new one
         s3fs.S3FileSystem.clear_instance_cache()
     err = capsys.readouterr().err
-    assert code == 2
-    assert "cannot list s3://bucket/train" in err and "Traceback" not in err
+    assert code == 1  # the store is down, not the path wrong (that is exit 2)
+    assert "cannot list s3://bucket/train: the store is unreachable" in err
+    assert "EndpointConnectionError" in err and "Traceback" not in err
 
 
 def test_cli_bad_option_exits_2(jpeg_root: Path) -> None:

@@ -1,8 +1,9 @@
 """The exit codes of the installed ``fastload`` console script and of ``python -m fastload``.
 
 Contract: 0 success; 1 failures (objects not fetched, corrupt entries, origin unavailable);
-2 bad usage or bad input; 130 interrupted. Run as subprocesses: click's test runner bypasses
-the console script's ``sys.exit(main())``, which is where the codes were once lost.
+2 bad usage or bad input; 130 interrupted (SIGINT), 143 stopped (SIGTERM). Run as
+subprocesses: click's test runner bypasses the console script's ``sys.exit(main())``, which
+is where the codes were once lost.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -41,13 +41,6 @@ def _dataset(root: Path, files: int = 4) -> Path:
     for i in range(files):
         (root / f"{i:02d}.bin").write_bytes(bytes([i]) * 100)
     return root
-
-
-def _cached(cache: Path) -> int:
-    try:
-        return sum(1 for _ in DiskTier(cache, create=False).entries())
-    except (fastload.FastloadError, OSError):  # not created yet
-        return 0
 
 
 @pytest.mark.timeout(120)
@@ -149,22 +142,67 @@ def test_an_unreachable_origin_exits_1_saying_to_run_again(tmp_path):
     assert "cannot warm s3://bucket/train" in run.stderr and "run the same command again" in run.stderr
 
 
-@pytest.mark.timeout(60)
-def test_ctrl_c_exits_130(tmp_path):
-    data = _dataset(tmp_path / "data", files=60)
+def _warm_until_progress(data: Path, cache: Path) -> subprocess.Popen:
+    """A warm of ``data`` over a slow store (1 s a request, one at a time: 30 s for 30 files),
+    returned once it printed a progress line with files done ("warm: 4/30 files, ..."; one
+    every 5 s), so a signal sent now arrives mid-run with entries kept, however busy the
+    machine is: the test waits for the line, not for a time, and a slower machine only
+    leaves more files to do."""
     warm = subprocess.Popen(
-        [FASTLOAD, "cache", "warm", f"latency::file://{data}", "--cache", str(tmp_path / "cache"),
-         "--jobs", "1", "-o", 'latency={"latency": 0.2}'],
+        [FASTLOAD, "cache", "warm", f"latency::file://{data}", "--cache", str(cache),
+         "--jobs", "1", "-o", 'latency={"latency": 1.0}'],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+    assert warm.stderr is not None
+    for line in warm.stderr:
+        if line.startswith("warm: ") and "/30 files" in line and not line.startswith("warm: 0/"):
+            return warm
+    raise AssertionError(f"no progress line: {warm.communicate()}")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_the_warm_saying_what_is_kept(tmp_path, sig, code):
+    data, cache = _dataset(tmp_path / "data", files=30), tmp_path / "cache"
+    warm = _warm_until_progress(data, cache)
     try:
-        while _cached(tmp_path / "cache") < 1:
-            assert warm.poll() is None, warm.communicate()
-            time.sleep(0.05)
-        warm.send_signal(signal.SIGINT)
-        _, err = warm.communicate(timeout=30)
+        warm.send_signal(sig)
+        out, err = warm.communicate(timeout=60)
     finally:
         if warm.poll() is None:
             warm.kill()
             warm.communicate()
-    assert warm.returncode == 130 and "aborted" in err
+    name = signal.Signals(sig).name
+    assert warm.returncode == code, (out, err)
+    assert f"fastload: aborted by {name} after " in err and "Traceback" not in err, err
+    assert "Run the same command again to resume" in err
+    said = err.split(f"aborted by {name} after ", 1)[1]
+    kept = int(said.split(": ", 1)[1].split(" are in the cache", 1)[0])
+    assert 0 < kept < 30, err
+    # what it said it kept is there, whole: the same warm run again skips exactly those
+    again = _run("cache", "warm", f"latency::file://{data}", "--cache", str(cache),
+                 "-o", 'latency={"latency": 0}')
+    assert again.returncode == 0, again
+    assert f"{30 - kept} fetched, {kept} already cached" in again.stdout, again
+    assert _run("cache", "verify", str(cache)).returncode == 0
+
+
+@pytest.mark.timeout(120)
+def test_bench_tells_an_unreachable_store_from_a_wrong_path(tmp_path, s3_server, s3_jpegs):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    refused = _run("bench", f"http://127.0.0.1:{port}/data/", "--duration", "1")
+    assert refused.returncode == 1, refused
+    assert f"cannot list http://127.0.0.1:{port}/data/: the store is unreachable" in refused.stderr
+    assert "Cannot connect to host" in refused.stderr and "Traceback" not in refused.stderr
+    s3_refused = _run("bench", "s3://bucket/train", "-o", f"endpoint_url=http://127.0.0.1:{port}",
+                      "--duration", "1")
+    assert s3_refused.returncode == 1 and "EndpointConnectionError" in s3_refused.stderr, s3_refused
+    # -o reaches the store: the moto server answers, and a path it lacks is bad input
+    wrong = _run("bench", f"{s3_jpegs}/nothing-here", "-o", f"endpoint_url={s3_server.endpoint}",
+                 "--duration", "1")
+    assert wrong.returncode == 2 and "does not exist; check the path or URL" in wrong.stderr, wrong
+    assert _run("bench", str(tmp_path / "missing"), "--duration", "1").returncode == 2
+    bad = _run("bench", str(tmp_path), "-o", "novalue")
+    assert bad.returncode == 2 and "is not KEY=VALUE" in bad.stderr

@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 
 from fastload import ImageFolder
 from fastload.cache import open_cache
+from fastload.data import listing_stamp
 from fastload.data.index import DatasetIndex, IndexFormatError
 from fastload.data.folder_rules import FolderRules
 from fastload.data.index_format import MAGIC, Columns, encode
@@ -179,7 +180,8 @@ def big(tmp_path_factory) -> tuple[str, str]:
     storage = Storage(root)
     stored = StoredListing.of(open_cache(cache_dir), storage, FolderRules(), {})  # ImageFolder's defaults
     assert stored.save(DatasetIndex.build(
-        prefix_of(storage), paths, labels, classes=classes, versions=versions, extra=stored.extra()
+        prefix_of(storage), paths, labels, classes=classes, versions=versions,
+        extra={**stored.extra(), "stamp": listing_stamp.take(storage)},  # the (empty) root's
     ))
     return root, cache_dir
 

@@ -34,8 +34,15 @@ def root(tmp_path) -> Path:
 
 
 def _listings(ds: ImageFolder) -> int:
-    """Listing requests this process sent through the dataset's latency:: filesystem."""
-    return ds.storage.fs.requests["find"] + ds.storage.fs.requests["ls"]
+    """Listings of the whole root this process sent through the dataset's latency::
+    filesystem (the freshness check's one ``ls`` of the root is counted apart: _checks)."""
+    return ds.storage.fs.requests["find"]
+
+
+def _checks(ds: ImageFolder) -> int:
+    """``ls`` requests of the root: a remote root's stamp and freshness check (NOTE
+    [listing freshness]), one per build."""
+    return ds.storage.fs.requests["ls"]
 
 
 def _stored(cache_dir: Path) -> tuple[object, str]:
@@ -55,10 +62,10 @@ def _add_image(root: Path, like: str, name: str = "added.jpg") -> Path:
 def test_the_second_build_lists_nothing(root, tmp_path):
     url, cache = f"latency::{root}", tmp_path / "cache"
     first = ImageFolder(url, size=16, cache=cache, storage_options=NO_LATENCY)
-    assert _listings(first) == 1
+    assert _listings(first) == 1 and _checks(first) == 1  # the stamp of its class folders
     first.storage.fs.reset_counts()
     second = ImageFolder(url, size=16, cache=cache, storage_options=NO_LATENCY)
-    assert _listings(second) == 0
+    assert _listings(second) == 0 and _checks(second) == 1  # checked against it
     assert second.samples == first.samples and second.classes == first.classes
     assert second.index.versions() == first.index.versions()
     assert second[3][1] == first[3][1]
@@ -67,17 +74,18 @@ def test_the_second_build_lists_nothing(root, tmp_path):
     assert _listings(third) == 1
 
 
-def test_within_the_max_age_new_files_are_not_seen_and_with_zero_they_are(root, tmp_path, caplog):
+def test_a_file_added_within_the_max_age_is_seen_by_the_next_build(root, tmp_path, caplog):
     cache = tmp_path / "cache"
     first = ImageFolder(root, size=16, cache=cache)
-    added = _add_image(root, first.samples[0][0])
     reused = ImageFolder(root, size=16, cache=cache)
-    assert len(reused) == len(first) == 8 and str(added) not in [p for p, _ in reused.samples]
-    assert "reusing the listing stored in the cache" in caplog.text
-    fresh = ImageFolder(root, size=16, cache=cache, listing_max_age=0)
+    assert "its folders are unchanged since, so no listing request" in caplog.text
+    assert reused.samples == first.samples
+    added = _add_image(root, first.samples[0][0])
+    fresh = ImageFolder(root, size=16, cache=cache)  # its folder changed: listed again
     assert len(fresh) == 9 and str(added) in [p for p, _ in fresh.samples]
-    # the fresh listing replaced the stored one: the next build sees the new file too
-    assert len(ImageFolder(root, size=16, cache=cache)) == 9
+    assert f"{added.parent.name}/ changed (files added, removed or renamed)" in caplog.text
+    # the fresh listing replaced the stored one: the next build reuses it
+    assert ImageFolder(root, size=16, cache=cache).samples == fresh.samples
     # without a cache nothing is stored: every build lists
     added.unlink()
     assert len(ImageFolder(root, size=16)) == 8
@@ -121,17 +129,32 @@ def test_revalidate_picks_up_a_changed_file_and_rewrites_the_stored_listing(root
     assert ds.revalidate() == 0
 
 
-def test_a_deleted_file_stays_in_a_reused_sample_set_and_is_named_when_read(root, tmp_path):
+def test_a_deleted_file_is_named_when_read_and_a_new_build_leaves_it_out(root, tmp_path):
     cache = tmp_path / "cache"
     ds = ImageFolder(root, size=16, cache=cache)
     gone = ds.samples[6][0]
     os.remove(gone)
+    with pytest.raises(FileNotFoundError, match=f"{gone}.*index 6.*build the ImageFolder again"):
+        ds.read_bytes(6)
     assert ds.revalidate() == 1 and ds.revalidate() == 0  # counted once, not every epoch
-    later = ImageFolder(root, size=16, cache=cache)
-    assert len(later) == 8 and later.index.version(6) is None
-    with pytest.raises(FileNotFoundError, match=f"{gone}.*index 6"):
-        later.read_bytes(6)
-    assert len(ImageFolder(root, size=16, cache=cache, listing_max_age=0)) == 7
+    later = ImageFolder(root, size=16, cache=cache)  # as the error says: listed anew
+    assert len(later) == 7 and gone not in [p for p, _ in later.samples]
+
+
+def test_a_revalidation_that_finds_deleted_files_drops_the_stored_listing(tmp_path):
+    """A remote root's class folders are unchanged when a file of one is deleted, so the
+    freshness check cannot see it; the epoch's revalidation does, and drops the stored
+    listing, so a new ImageFolder (what its warning advises) lists without the file."""
+    root = make_jpeg_folder(tmp_path / "data", images=8, classes=2, size=(48, 40))
+    url, cache = f"latency::{root}", tmp_path / "cache"
+    ds = ImageFolder(url, size=16, cache=cache, storage_options=NO_LATENCY)
+    gone = ds.samples[6][0]
+    os.remove(gone)
+    assert len(ImageFolder(url, size=16, cache=cache, storage_options=NO_LATENCY)) == 8  # unseen
+    assert ds.revalidate() == 1
+    ds.storage.fs.reset_counts()
+    later = ImageFolder(url, size=16, cache=cache, storage_options=NO_LATENCY)
+    assert _listings(later) == 1 and len(later) == 7
 
 
 @pytest.mark.parametrize("damage", ["garbage", "flipped", "format", "other_root"])
@@ -191,7 +214,7 @@ open(go + "." + str(os.getpid()), "w").close()
 while not os.path.exists(go):
     time.sleep(0.01)
 ds = ImageFolder(url, size=16, cache=cache, storage_options={"latency": {"latency": 1.0}})
-print(json.dumps({"listings": ds.storage.fs.requests["find"] + ds.storage.fs.requests["ls"],
+print(json.dumps({"listings": ds.storage.fs.requests["find"],
                   "samples": len(ds)}))
 """
 

@@ -20,8 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastload.bench.stats import percentiles
-from fastload.errors import EmptyDatasetError, ObjectNotFoundError, StorageError
-from fastload.io.errors import storage_error
+from fastload.errors import (
+    EmptyDatasetError,
+    ObjectNotFoundError,
+    OriginUnavailableError,
+    StorageError,
+)
+from fastload.io.errors import describe, storage_error
+from fastload.io.origin import is_unavailable
 from fastload.io.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -75,7 +81,8 @@ def take_inventory(storage: Storage) -> Inventory:
     Raises:
         ObjectNotFoundError: the URL does not exist.
         EmptyDatasetError: it exists but holds no file.
-        StorageError: listing failed (unreachable endpoint, permissions, protocol not installed).
+        OriginUnavailableError: the store cannot be reached (connection refused, timeouts).
+        StorageError: listing failed otherwise (permissions, protocol not installed).
     """
     fs, root = storage.fs, storage.root
     start = time.perf_counter()
@@ -88,12 +95,15 @@ def take_inventory(storage: Storage) -> Inventory:
         error = storage_error(exc, "list", storage.url)
         if error is exc:  # already fastload's own error
             raise
+        if is_unavailable(exc):
+            raise _unreachable(storage.url, exc) from exc
         raise StorageError(
             f"{error}. Check that the endpoint is reachable and the credentials (storage "
             "options) are right."
         ) from exc
     listing_s = time.perf_counter() - start
     if not exists:
+        _check_reachable(fs, root, storage.url)
         raise ObjectNotFoundError(f"{storage.url} does not exist; check the path or URL")
     entries = tuple(
         FileEntry(path, int(info.get("size") or 0))
@@ -106,3 +116,27 @@ def take_inventory(storage: Storage) -> Inventory:
         )
     logger.info("listed %d files below %s in %.3f s", len(entries), storage.url, listing_s)
     return Inventory(storage.url, entries, listing_s)
+
+
+def _unreachable(url: str, exc: BaseException) -> OriginUnavailableError:
+    return OriginUnavailableError(
+        f"cannot list {url}: the store is unreachable ({describe(exc)}). Check that the "
+        "endpoint is up and reachable from here, then run the same command again",
+        url=url, last_error=describe(exc),
+    )
+
+
+def _check_reachable(fs: Any, root: str, url: str) -> None:
+    """Raise OriginUnavailableError if the store behind ``fs`` cannot be reached at all.
+
+    fsspec's HTTP ``find`` and ``exists`` answer "nothing there" when the connection is
+    refused; one ``ls`` of the root shows the failure, so a store that is down is never
+    reported as a wrong path.
+    """
+    try:
+        fs.ls(root, detail=False)
+    except FileNotFoundError:
+        return
+    except Exception as exc:  # NOTE [storage errors] in fastload.io.errors
+        if is_unavailable(exc):
+            raise _unreachable(url, exc) from exc

@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from fastload.cache.config import DEFAULT_DIR, CacheConfig
+from fastload.cache.config import DEFAULT_DIR, HMAC_KEY_ENV, CacheConfig, redact_url
 from fastload.cache.disk import DiskTier
 from fastload.cache.memory import MemoryTier
 from fastload.cache.tier import Tier
@@ -33,20 +33,25 @@ def build_tiers(config: CacheConfig) -> list[Tier]:
         tiers.append(DiskTier(config.disk, size=config.disk_size, policy=config.policy,
                               format=config.disk_format))
     if config.redis:
-        tiers.append(_redis_tier(config.redis))
+        tiers.append(_redis_tier(config))
     tiers.extend(config.tiers)
     return tiers
 
 
-def _redis_tier(url: str) -> Tier:
+def _redis_tier(config: CacheConfig) -> Tier:
+    assert config.redis is not None
     try:
         from fastload.cache import redis_tier  # imports redis, an optional package
     except ImportError as exc:
         raise MissingDependencyError(
-            f"cache redis={url!r} needs the redis package ({exc}); "
+            f"cache redis={redact_url(config.redis)!r} needs the redis package ({exc}); "
             "install it with: pip install 'fastload[redis]'"
         ) from exc
-    return redis_tier.RedisTier(url)
+    # The spec's key wins over the environment's (resolved here, once per cache).
+    key = config.redis_hmac_key
+    if key is None:
+        key = os.environ.get(HMAC_KEY_ENV) or None
+    return redis_tier.RedisTier(config.redis, hmac_key=key)
 
 
 def open_cache(spec: Any) -> TieredCache | None:

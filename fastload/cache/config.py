@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -49,6 +50,14 @@ _UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([a-zA-Z]*)\s*$")
+
+HMAC_KEY_ENV = "FASTLOAD_CACHE_HMAC_KEY"
+"""The environment variable a Redis tier's HMAC key is read from when the spec sets none."""
+
+MIN_HMAC_KEY = 16
+"""Fewest bytes an HMAC key may have (a random secret: ``secrets.token_hex(32)``)."""
+
+_SECRET_QUERY = re.compile(r"pass|secret|token|key", re.IGNORECASE)
 
 TRANSCODE_QUALITY = 90
 """Default JPEG quality of a transcoded entry."""
@@ -77,6 +86,55 @@ def parse_size(value: int | str, *, name: str = "size") -> int:
             "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. '20GB'"
         )
     return int(float(match.group(1)) * _UNITS[unit])
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its secrets masked, for logs, warnings, errors and reprs.
+
+    A password in the user part becomes ``***`` (the user name stays), and so does the value
+    of a query parameter that names a secret (``password=``, ``ssl_password=``...).
+
+    Example::
+
+        >>> redact_url("redis://:hunter2@cache-host:6379/0")
+        'redis://:***@cache-host:6379/0'
+        >>> redact_url("rediss://trainer:hunter2@cache-host:6380/0?ssl_password=x")
+        'rediss://trainer:***@cache-host:6380/0?ssl_password=***'
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # not a URL at all: nothing of it is safe to show
+        return "<an unparsable URL>"
+    netloc, query = parts.netloc, parts.query
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        name, colon, _ = user.partition(":")
+        netloc = f"{name}:***@{host}" if colon else f"***@{host}"
+    if query:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+        query = "?" + "&".join(f"{k}={'***' if _SECRET_QUERY.search(k) else v}" for k, v in pairs)
+    fragment = f"#{parts.fragment}" if parts.fragment else ""
+    scheme = f"{parts.scheme}://" if parts.scheme else ""
+    return f"{scheme}{netloc}{parts.path}{query}{fragment}"
+
+
+def hmac_key_bytes(key: str | bytes | None, *, name: str = "redis_hmac_key") -> bytes | None:
+    """The bytes of an HMAC key (a str as UTF-8), checked; None for none.
+
+    Raises ConfigError for another type or a key shorter than :data:`MIN_HMAC_KEY` bytes,
+    without showing the key.
+    """
+    if key is None:
+        return None
+    if not isinstance(key, (str, bytes)):
+        raise ConfigError(f"{name} must be a str or bytes secret, got a {type(key).__name__}")
+    raw = key.encode() if isinstance(key, str) else bytes(key)
+    if len(raw) < MIN_HMAC_KEY:
+        raise ConfigError(
+            f"{name} is {len(raw)} bytes; use a random secret of at least {MIN_HMAC_KEY} "
+            "bytes, e.g. python -c 'import secrets; print(secrets.token_hex(32))'"
+        )
+    return raw
 
 
 def transcode_spec(value: Any, *, name: str = "transcode") -> dict[str, int]:
@@ -133,7 +191,15 @@ class CacheConfig:
             "files" (a file each); None = the directory's own, "packed" for a new one.
             Asking for another format than an existing directory's is a ConfigError.
         redis: URL of a shared Redis tier below the disk (``redis://host:6379/0``); needs the
-            Redis tier module (``pip install 'fastload[redis]'``).
+            Redis tier module (``pip install 'fastload[redis]'``). A password in it is never
+            shown (logs, errors, reprs: ``redis://:***@host``).
+        redis_hmac_key: a secret (str or bytes, at least 16 bytes) every node of a job
+            shares: entries written to the Redis tier carry an HMAC-SHA256 of their key and
+            bytes, and an entry read without a valid one is dropped, counted and fetched
+            from the origin, never served (NOTE [authenticated entries] in
+            :mod:`fastload.cache.redis_tier`). None: the ``FASTLOAD_CACHE_HMAC_KEY``
+            environment variable if set, else entries are not authenticated and the Redis
+            must be trusted (docs/reliability.md, "Shared tiers").
         tiers: further :class:`~fastload.cache.tier.Tier` objects, below memory and disk.
         prefetch: let a loader fetch the epoch's next items into the cache ahead of its
             workers (clairvoyant prefetch).
@@ -159,6 +225,7 @@ class CacheConfig:
     policy: Policy = "keep"
     disk_format: DiskFormat | None = None
     redis: str | None = None
+    redis_hmac_key: str | bytes | None = field(default=None, repr=False)
     tiers: Sequence[Tier] = field(default_factory=tuple)
     prefetch: bool = True
     prefetch_jobs: int = 16
@@ -167,6 +234,7 @@ class CacheConfig:
     transcode: Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
+        hmac_key_bytes(self.redis_hmac_key)
         if self.transcode is not None:  # normalized: the default quality filled in
             object.__setattr__(self, "transcode", transcode_spec(self.transcode))
         if self.policy not in POLICIES:
@@ -186,6 +254,21 @@ class CacheConfig:
                 "the cache has no tier: give memory='2GB', disk='/path/to/cache', redis=... "
                 "or tiers=[...]"
             )
+
+    def __repr__(self) -> str:
+        # No secret in a repr: the Redis URL's password masked, the HMAC key never shown.
+        shown = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "redis" and value is not None:
+                value = redact_url(value)
+            elif f.name == "redis_hmac_key":
+                if value is None:
+                    continue
+                shown.append(f"{f.name}='***'")
+                continue
+            shown.append(f"{f.name}={value!r}")
+        return f"CacheConfig({', '.join(shown)})"
 
     @classmethod
     def from_mapping(cls, spec: Mapping[str, Any]) -> CacheConfig:

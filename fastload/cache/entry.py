@@ -40,11 +40,13 @@ class KeyMismatch(Exception):
     """The entry is valid but holds another key (a hash collision): a miss, not corruption."""
 
 
-def encode_header(key: str, value: bytes) -> bytes:
-    """The bytes written before ``value`` in an entry file."""
-    header = json.dumps(
-        {"key": key, "size": len(value), "xxh64": checksum(value)}, ensure_ascii=True
-    ).encode()
+def encode_header(key: str, value: bytes, *, mac: str | None = None) -> bytes:
+    """The bytes written before ``value`` in an entry file; ``mac``: the Redis tier's
+    authentication of the entry (NOTE [authenticated entries]), kept in the header."""
+    fields = {"key": key, "size": len(value), "xxh64": checksum(value)}
+    if mac is not None:
+        fields["mac"] = mac
+    header = json.dumps(fields, ensure_ascii=True).encode()
     return MAGIC + _LEN.pack(len(header)) + header
 
 

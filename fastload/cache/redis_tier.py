@@ -25,27 +25,33 @@ answers "miss" (reads fall through to the next tier or the origin) and does not 
 
 A Redis Cluster works with the URL of any of its nodes (NOTE [one URL for a server or a
 cluster]); each primary's ``maxmemory`` bounds the entries whose slots it serves.
+
+With ``hmac_key`` every entry carries an HMAC of its key and bytes, and one read without a
+valid one is dropped and fetched from the origin (NOTE [authenticated entries] in
+:mod:`fastload.cache.redis_auth`). No secret is ever shown: logs, warnings, errors and the
+``repr`` name the server by :func:`~fastload.cache.config.redact_url` (``redis://:***@host``).
+An ACL user denied a command (NOPERM) loses what needs it, not the tier (NOTE [denied
+commands]).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import struct
-import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
 import redis
-from redis.backoff import NoBackoff
-from redis.cluster import RedisCluster
-from redis.retry import Retry
+from redis.exceptions import NoPermissionError
 
 from fastload.cache import entry
+from fastload.cache.config import hmac_key_bytes, redact_url
 from fastload.cache.keys import checksum, digest
+from fastload.cache.redis_auth import EntryAuth, is_local_server
+from fastload.cache.redis_conn import RedisConnection
 from fastload.cache.tier import Tier
 from fastload.errors import ConfigError
 
@@ -67,7 +73,11 @@ goes alone); NOTE [redis batches]."""
 
 _HEADER_PEEK = 64 * 2**10  # bytes of a manifest read to list its key (headers are small)
 _LEN = struct.Struct("<I")  # the entry format's header length (fastload.cache.entry)
-_FAULTS = (redis.ConnectionError, redis.TimeoutError, OSError)
+_UNAUTHENTICATED_WARNED: set[str] = set()  # servers warned about in this process
+
+
+class Forged(entry.CorruptEntry):
+    """An entry whose MAC is missing or wrong (NOTE [authenticated entries])."""
 
 
 class RedisTier(Tier):
@@ -80,6 +90,10 @@ class RedisTier(Tier):
         chunk_size: bytes per chunk of large values.
         socket_timeout: seconds before a connect or a command counts as a failure.
         retry_after: seconds the tier stays off after a failure before trying again.
+        hmac_key: a secret (at least 16 bytes) shared by every node: entries are written
+            with an HMAC and read only with a valid one (NOTE [authenticated entries]).
+            None: entries are trusted as they are, with one warning for a server across
+            a network.
 
     Example::
 
@@ -101,105 +115,61 @@ class RedisTier(Tier):
         chunk_size: int = DEFAULT_CHUNK,
         socket_timeout: float = 1.0,
         retry_after: float = 30.0,
+        hmac_key: str | bytes | None = None,
     ) -> None:
         super().__init__()
         if not url.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError(
-                f"redis={url!r} is not a Redis URL; write redis://host:6379/0 "
+                f"redis={redact_url(url)!r} is not a Redis URL; write redis://host:6379/0 "
                 "(rediss:// for TLS, unix:///path/to/socket for a local socket)"
             )
         if chunk_size < 1024:
             raise ConfigError(f"RedisTier chunk_size={chunk_size} bytes is too small; use >= 1024")
-        self.url = url
+        self._conn = RedisConnection(url, socket_timeout=socket_timeout, retry_after=retry_after)
+        key = hmac_key_bytes(hmac_key, name="RedisTier hmac_key")
+        self._auth = None if key is None else EntryAuth(key)
         self.namespace = namespace
         self.chunk_size = chunk_size
-        self.socket_timeout = socket_timeout
-        self.retry_after = retry_after
-        self._client: redis.Redis | None = None
-        self._pid = -1
-        self._down_until = 0.0
-        self._warned: set[str] = set()
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Sockets must not cross a fork or a pickle: each process connects on first use.
-        state = self.__dict__.copy()
-        state.update(_client=None, _pid=-1)
-        return state
+        if self._auth is None and not is_local_server(url) and url not in _UNAUTHENTICATED_WARNED:
+            _UNAUTHENTICATED_WARNED.add(url)
+            logger.warning(
+                "Redis cache %s: its entries are not authenticated, so anyone who can write "
+                "to this Redis decides what every node reads from it. Set redis_hmac_key "
+                "in the cache spec (or FASTLOAD_CACHE_HMAC_KEY) on every node to have "
+                "forged entries refused (docs/reliability.md, 'Shared tiers')", self.shown_url,
+            )
 
     def __repr__(self) -> str:
-        return f"RedisTier({self.url!r}, namespace={self.namespace!r})"
+        auth = ", hmac_key=***" if self._auth is not None else ""
+        return f"RedisTier({self.shown_url!r}, namespace={self.namespace!r}{auth})"
 
-    # -- connection and failure handling ---------------------------------------------------
+    @property
+    def authenticated(self) -> bool:
+        """Whether entries are written and read with an HMAC (NOTE [authenticated entries])."""
+        return self._auth is not None
+
+    # -- connection (fastload.cache.redis_conn) -------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self._conn.url
+
+    @property
+    def shown_url(self) -> str:
+        """The server's URL with its secrets masked: what logs and errors show."""
+        return self._conn.shown_url
 
     @property
     def client(self) -> redis.Redis:
-        if self._client is None or self._pid != os.getpid():
-            timeouts = {"socket_timeout": self.socket_timeout,
-                        "socket_connect_timeout": self.socket_timeout}
-            client = redis.Redis.from_url(
-                self.url, retry=Retry(NoBackoff(), 0), **timeouts  # a failure is final here
-            )
-            # NOTE [one URL for a server or a cluster]: the URL of any node of a Redis Cluster
-            # works; the node says it is clustered and a cluster client (which routes every key
-            # to its slot's node) replaces the plain one. All keys of one entry share a hash
-            # tag ({digest}), so an entry's manifest and chunks live on one node.
-            if client.info("cluster").get("cluster_enabled") == 1:
-                client.close()
-                client = RedisCluster.from_url(
-                    self.url, retry=Retry(NoBackoff(), 0), **timeouts
-                )
-            self._client = client
-            self._pid = os.getpid()
-        return self._client
+        return self._conn.client
 
     @property
     def available(self) -> bool:
         """False while the tier rests after a failure (``retry_after`` seconds)."""
-        return time.monotonic() >= self._down_until
+        return self._conn.available
 
     def _call(self, what: str, op: Callable[[redis.Redis], T], fallback: T) -> T:
-        """Run ``op`` on the server; a fault becomes ``fallback`` and rests the tier."""
-        if not self.available:
-            return fallback
-        try:
-            result = op(self.client)
-        except redis.OutOfMemoryError:
-            self._full()
-            return fallback
-        except (*_FAULTS, redis.RedisError) as exc:
-            self._failed(what, exc)
-            return fallback
-        if "down" in self._warned and "up" not in self._warned:
-            self._warned.add("up")
-            logger.info("Redis cache %s answers again", self.url)
-        return result
-
-    def _full(self) -> None:
-        """A write refused for the budget (maxmemory with noeviction): a declined put."""
-        self._warn_once(
-            "oom",
-            "Redis cache %s reached its maxmemory with an eviction policy that refuses "
-            "writes; new objects are not shared from now on (raise maxmemory or set "
-            "maxmemory-policy allkeys-lru)", self.url,
-        )
-
-    def _failed(self, what: str, exc: BaseException) -> None:
-        """A fault: rest the tier for ``retry_after`` seconds, say so once."""
-        self._down_until = time.monotonic() + self.retry_after
-        self._client = None
-        self._warn_once(
-            "down",
-            "Redis cache %s failed during %s (%s: %s); reading from the next tier or the "
-            "origin instead, retrying Redis every %.0f s. Training goes on.",
-            self.url, what, type(exc).__name__, exc, self.retry_after,
-        )
-
-    def _warn_once(self, kind: str, message: str, *args: Any) -> None:
-        if kind in self._warned:
-            logger.debug(message, *args)
-            return
-        self._warned.add(kind)
-        logger.warning(message, *args)
+        return self._conn.call(what, op, fallback)
 
     # -- keys ------------------------------------------------------------------------------
 
@@ -231,7 +201,7 @@ class RedisTier(Tier):
             if header["key"] != key:  # another key with the same 128-bit hash: a miss
                 return None
             if "chunks" not in header:
-                return entry.decode(blob, expect_key=key)
+                return self._authentic(header, key, entry.decode(blob, expect_key=key))
             parts = r.mget(self._chunk_keys(key, header["write_id"], int(header["chunks"])))
             if any(p is None for p in parts):  # evicted under memory pressure
                 r.delete(mkey)
@@ -239,12 +209,34 @@ class RedisTier(Tier):
             value = b"".join(parts)
             if len(value) != header["size"] or checksum(value) != header["xxh64"]:
                 raise entry.CorruptEntry("size or checksum of the chunks do not match")
-            return value
+            return self._authentic(header, key, value)
+        except Forged as exc:
+            self.stats.forged += 1
+            self._conn.warn_once(
+                "forged",
+                "dropping an entry of Redis cache %s that fails authentication (%s; key %s): "
+                "it was not written with this cache's redis_hmac_key. It is read from the "
+                "origin instead, never served; stats count them as 'forged'",
+                self.shown_url, exc, key,
+            )
+            self._drop(r, key, blob)
+            return None
         except (entry.CorruptEntry, KeyError, ValueError) as exc:
             self.stats.corrupt += 1
             logger.warning("dropping corrupt Redis cache entry %s (%s): %s", mkey, key, exc)
             self._drop(r, key, blob)
             return None
+
+    def _authentic(self, header: dict[str, Any], key: str, value: bytes) -> bytes:
+        """``value`` if the entry's MAC authenticates it (or no key is set); else Forged."""
+        if self._auth is not None and not self._auth.valid(header.get("mac"), key, value):
+            raise Forged("no MAC" if "mac" not in header else "wrong MAC")
+        return value
+
+    def _entry(self, key: str, value: bytes) -> bytes:
+        """The stored form of an inline entry: its header (with its MAC) and ``value``."""
+        mac = None if self._auth is None else self._auth.mac(key, value)
+        return entry.encode_header(key, value, mac=mac) + value
 
     def put(self, key: str, value: bytes) -> bool:
         stored = self._call("put", lambda r: self._write(r, key, bytes(value)), None)
@@ -260,7 +252,7 @@ class RedisTier(Tier):
         """True if this call stored the value, False if an equal entry was already there."""
         mkey = self._manifest_key(key)
         if len(value) <= self.chunk_size:
-            return bool(r.set(mkey, entry.encode_header(key, value) + value, nx=True))
+            return bool(r.set(mkey, self._entry(key, value), nx=True))
         write_id = uuid.uuid4().hex[:16]
         count = -(-len(value) // self.chunk_size)
         ckeys = self._chunk_keys(key, write_id, count)
@@ -268,7 +260,8 @@ class RedisTier(Tier):
         for i, ckey in enumerate(ckeys):
             pipe.set(ckey, value[i * self.chunk_size : (i + 1) * self.chunk_size])
         pipe.execute()
-        if r.set(mkey, _manifest(key, value, count, write_id), nx=True):
+        mac = None if self._auth is None else self._auth.mac(key, value)
+        if r.set(mkey, _manifest(key, value, count, write_id, mac), nx=True):
             return True
         r.delete(*ckeys)  # another writer got there first; its entry is the same object
         return False
@@ -317,7 +310,9 @@ class RedisTier(Tier):
                 if isinstance(reply, Exception):
                     self.stats.rejected += 1
                     if isinstance(reply, redis.OutOfMemoryError):
-                        self._full()
+                        self._conn.full()
+                    elif isinstance(reply, NoPermissionError):
+                        self._conn.denied("put", reply)
                     else:
                         fault = fault or reply
                     continue
@@ -326,14 +321,14 @@ class RedisTier(Tier):
                     self.stats.puts += 1
                     self.stats.bytes_written += len(pairs[i][1])
             if fault is not None:
-                self._failed("put", fault)
+                self._conn.failed("put", fault)
         return results
 
     def _set_all(self, pairs: list[tuple[str, bytes]], r: redis.Redis) -> list[Any]:
         """One pipeline of `put`'s inline SET NX; a reply per entry (True, None or an error)."""
         pipe = r.pipeline(transaction=False)
         for key, value in pairs:
-            pipe.set(self._manifest_key(key), entry.encode_header(key, value) + value, nx=True)
+            pipe.set(self._manifest_key(key), self._entry(key, value), nx=True)
         return pipe.execute(raise_on_error=False)
 
     def contains_many(self, keys: Sequence[str]) -> list[bool]:
@@ -399,15 +394,15 @@ class RedisTier(Tier):
         return self._call("maxmemory", op, None)
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-        self._client = None
+        self._conn.close()
 
 
-def _manifest(key: str, value: bytes, chunks: int, write_id: str) -> bytes:
+def _manifest(key: str, value: bytes, chunks: int, write_id: str, mac: str | None) -> bytes:
     """A chunked value's manifest: an entry header with the chunk fields, no inline value."""
-    header = {"key": key, "size": len(value), "xxh64": checksum(value), "chunks": chunks,
-              "write_id": write_id}
+    header: dict[str, Any] = {"key": key, "size": len(value), "xxh64": checksum(value),
+                              "chunks": chunks, "write_id": write_id}
+    if mac is not None:
+        header["mac"] = mac
     raw = json.dumps(header, ensure_ascii=True).encode()
     return entry.MAGIC + _LEN.pack(len(raw)) + raw
 

@@ -37,6 +37,7 @@ class TierStats:
     puts: int = 0
     rejected: int = 0      # puts refused: over budget, policy, or a fault
     corrupt: int = 0       # entries dropped because validation failed
+    forged: int = 0        # entries dropped for a missing or wrong MAC (the Redis tier)
     bytes_read: int = 0
     bytes_written: int = 0
 

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fastload.bench.workloads import ACCELERATORS, MODELS
+from fastload.cli.options import storage_options
 
 
 @click.command("bench")
@@ -45,6 +46,8 @@ from fastload.bench.workloads import ACCELERATORS, MODELS
               help="num_workers of the emulation's loader ('auto' or a number).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Batch size of the emulation (default: the model's, at most 64).")
+@click.option("-o", "--storage-option", "options", multiple=True, metavar="KEY=VALUE",
+              help="An fsspec storage option (JSON values allowed), e.g. -o endpoint_url=http://...")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 def bench(
     url: str,
@@ -58,9 +61,13 @@ def bench(
     max_concurrency: int,
     workers: str,
     batch_size: int | None,
+    options: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Measure whether the data at URL can keep GPUs busy (any fsspec URL; reads only)."""
+    """Measure whether the data at URL can keep GPUs busy (any fsspec URL; reads only).
+
+    Exits 1 when the store cannot be reached, 2 when URL does not exist or holds no data.
+    """
     num_workers: int | str = workers
     if workers != "auto":
         try:
@@ -94,6 +101,7 @@ def bench(
             max_concurrency=max_concurrency,
             num_workers=num_workers,
             batch_size=batch_size,
+            storage_options=storage_options(options),
             progress=progress,
         )
     if as_json:

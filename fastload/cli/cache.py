@@ -33,23 +33,12 @@ from rich.table import Table
 from fastload.cache.config import CacheConfig, transcode_spec
 from fastload.cache.disk import DiskTier
 from fastload.cache.warm_report import MAX_FAILURES, WarmReport, parse_shard
+from fastload.cli.options import storage_options
+from fastload.cli.signals import stop_on_signals
 from fastload.errors import ConfigError, OriginUnavailableError
 
 if TYPE_CHECKING:
     from typing_extensions import Self
-
-
-def _storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--storage-option")
-        try:
-            options[key] = json.loads(value)
-        except ValueError:
-            options[key] = value
-    return options
 
 
 def _human(n: float) -> str:
@@ -81,7 +70,8 @@ def cache() -> None:
 @click.option("--policy", type=click.Choice(["keep", "lru"]), default="keep", show_default=True)
 @click.option("--redis", default=None, metavar="URL",
               help="Also fill this shared Redis tier (redis://host:6379/0); N warmers with "
-                   "--shard I/N fill it together.")
+                   "--shard I/N fill it together. Entries are authenticated with "
+                   "FASTLOAD_CACHE_HMAC_KEY when it is set (docs/cache.md).")
 @click.option("--max-failures", default=MAX_FAILURES, show_default=True, type=click.IntRange(1),
               help="Give up after this many objects in a row failed (the store looks down); "
                    "run the same command again to resume.")
@@ -97,7 +87,11 @@ def cache() -> None:
 def warm_command(url: str, directory: str, jobs: int | None, shard: str, disk_size: str | None,
                  policy: str, redis: str | None, max_failures: int, options: tuple[str, ...],
                  max_side: int | None, quality: int | None, as_json: bool) -> None:
-    """Fetch every object below URL into the cache; resumable, exits 1 if any failed."""
+    """Fetch every object below URL into the cache; resumable, exits 1 if any failed.
+
+    Ctrl-C or SIGTERM (a scheduler's stop) ends it saying how many files are cached and
+    kept; exit 130 or 143, and the same command resumes.
+    """
     try:
         shard_of = parse_shard(shard)
     except ConfigError as exc:
@@ -116,16 +110,20 @@ def warm_command(url: str, directory: str, jobs: int | None, shard: str, disk_si
 
     console = Console(stderr=True)
     progress = _RichProgress(console) if console.is_terminal else _PlainProgress()
-    try:
-        with progress:
-            report = warm(url, config, jobs=jobs, shard=shard_of, max_failures=max_failures,
-                          storage_options=_storage_options(options), on_start=progress.start,
-                          on_file=progress.file, derive=derive)
-    except OriginUnavailableError as exc:
-        if as_json and isinstance(exc.report, WarmReport):
-            click.echo(json.dumps(_warm_json(exc.report, gave_up=str(exc)), indent=2))
-        click.echo(f"fastload: error: {exc}", err=True)
-        raise click.exceptions.Exit(1) from exc
+    with stop_on_signals() as stop:  # NOTE [stop signals]: SIGTERM ends it as Ctrl-C does
+        try:
+            with progress:
+                report = warm(url, config, jobs=jobs, shard=shard_of, max_failures=max_failures,
+                              storage_options=storage_options(options), on_start=progress.start,
+                              on_file=progress.file, derive=derive)
+        except OriginUnavailableError as exc:
+            if as_json and isinstance(exc.report, WarmReport):
+                click.echo(json.dumps(_warm_json(exc.report, gave_up=str(exc)), indent=2))
+            click.echo(f"fastload: error: {exc}", err=True)
+            raise click.exceptions.Exit(1) from exc
+        except KeyboardInterrupt:
+            click.echo(f"fastload: {progress.stopped(url, stop.name)}", err=True)
+            raise click.exceptions.Exit(stop.exit_code) from None
     if as_json:
         click.echo(json.dumps(_warm_json(report), indent=2))
     else:
@@ -172,7 +170,32 @@ def _warm_json(report: WarmReport, gave_up: str | None = None) -> dict[str, Any]
     return {**report.__dict__, "ok": report.ok and gave_up is None, "gave_up": gave_up}
 
 
-class _RichProgress:
+class _Tally:
+    """What a warm's progress counts: files to check, done, kept in the cache, bytes."""
+
+    def __init__(self) -> None:
+        self.files: int | None = None  # None: still listing
+        self.done = self.kept = self.nbytes = 0
+
+    def count(self, nbytes: int, outcome: str) -> None:
+        self.done += 1
+        self.nbytes += nbytes
+        if outcome in ("fetched", "hit"):
+            self.kept += 1
+
+    def stopped(self, url: str, signal_name: str) -> str:
+        """The one line said when a signal stopped the warm: what it kept, what to do."""
+        if self.files is None:
+            return (f"aborted by {signal_name} while listing {url}; nothing was fetched. Run "
+                    "the same command again to warm it")
+        return (
+            f"aborted by {signal_name} after {self.done} of {self.files} files: {self.kept} are "
+            "in the cache and kept (each entry whole). Run the same command again to resume; "
+            "cached files are skipped"
+        )
+
+
+class _RichProgress(_Tally):
     """The warm's progress bar on a terminal (files, bytes, rate, ETA).
 
     A warm finishes thousands of files a second: :meth:`file` only counts, and the bar is
@@ -180,9 +203,9 @@ class _RichProgress:
     """
 
     def __init__(self, console: Console, every: float = 0.1) -> None:
+        super().__init__()
         self.every = every
-        self.done = self._shown_done = 0
-        self.nbytes = self._shown_bytes = 0
+        self._shown_bytes = 0
         self._last = 0.0
         self._progress = Progress(
             TextColumn("[bold]warming"),
@@ -204,11 +227,11 @@ class _RichProgress:
         self._progress.__exit__(*exc)
 
     def start(self, files: int, nbytes: int) -> None:
+        self.files = files
         self._progress.update(self._task, total=nbytes, count=files)
 
-    def file(self, _url: str, nbytes: int, _outcome: str) -> None:
-        self.done += 1
-        self.nbytes += nbytes
+    def file(self, _url: str, nbytes: int, outcome: str) -> None:
+        self.count(nbytes, outcome)
         now = time.monotonic()
         if now - self._last >= self.every:
             self._last = now
@@ -219,15 +242,15 @@ class _RichProgress:
         self._progress.update(self._task, advance=advance, done=self.done)
 
 
-class _PlainProgress:
+class _PlainProgress(_Tally):
     """The warm's progress as a plain stderr line every few seconds, for logs (no terminal).
 
     Example line: ``warm: 1200/5000 files, 45.1 MB, 230 files/s, ETA 16 s``.
     """
 
     def __init__(self, every: float = 5.0) -> None:
+        super().__init__()
         self.every = every
-        self.files = self.done = self.nbytes = 0
         self._t0 = self._last = time.monotonic()
 
     def __enter__(self) -> Self:
@@ -242,16 +265,15 @@ class _PlainProgress:
         self._last = self._t0
         click.echo(f"warm: {files} files to check", err=True)
 
-    def file(self, _url: str, nbytes: int, _outcome: str) -> None:
-        self.done += 1
-        self.nbytes += nbytes
+    def file(self, _url: str, nbytes: int, outcome: str) -> None:
+        self.count(nbytes, outcome)
         if time.monotonic() - self._last >= self.every:
             self._line()
 
     def _line(self) -> None:
         self._last = now = time.monotonic()
         rate = self.done / max(now - self._t0, 1e-9)
-        left = self.files - self.done
+        left = (self.files or 0) - self.done
         eta = f", ETA {left / rate:.0f} s" if rate and left > 0 else ""
         click.echo(f"warm: {self.done}/{self.files} files, {_human(self.nbytes)}, "
                    f"{rate:.0f} files/s{eta}", err=True)

@@ -35,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
 
     Exit codes: 0 success; 1 something failed (objects not fetched, corrupt entries, the
     origin unavailable); 2 bad usage or bad input (an unknown option, a missing directory);
-    130 interrupted (Ctrl-C). The console script and ``python -m fastload`` exit with it::
+    130 interrupted (Ctrl-C), 143 stopped by SIGTERM (``cache warm`` says what it kept: NOTE
+    [stop signals] in :mod:`fastload.cli.signals`). The console script and ``python -m
+    fastload`` exit with it::
 
         sys.exit(main(["cache", "verify", "/nvme/fastload"]))
     """

@@ -231,6 +231,13 @@ class ImageFolder(TorchvisionFolder, Dataset):
         """Whether each read stats its file (cached, local: NOTE [a stat per local read])."""
         return self._cache is not None and self.storage.is_local
 
+    @property
+    def listing_note(self) -> str | None:
+        """What the sample set may leave out, when it is a stored listing reused without a
+        full check (a remote root: NOTE [listing freshness]); None otherwise. A warning says
+        it at the build, and ``loader.settings`` shows it."""
+        return None if self._stored is None else self._stored.note
+
     def __len__(self) -> int:
         return len(self.index)
 

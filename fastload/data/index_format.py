@@ -40,7 +40,7 @@ FORMAT = 1
 
 _LEN = struct.Struct("<I")
 _ALIGN = 8
-_MAX_HEADER = 1 << 20
+_MAX_HEADER = 16 << 20  # a stored listing's folder stamps (NOTE [listing freshness]) live here
 _DTYPES = frozenset({"|u1", "<u2", "<u4", "<u8", "|i1", "<i2", "<i4", "<i8"})
 _META = {"prefix": str, "classes": list, "listed_at": float, "versions_at": float}
 

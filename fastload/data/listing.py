@@ -242,7 +242,8 @@ def revalidate(
     if added:
         logger.info(
             "%s: %d new images are not in the sample set, which is fixed when the "
-            "ImageFolder is built; build a new one to include them", url, added,
+            "ImageFolder is built; build a new one to include them (with listing_max_age=0 "
+            "for a remote root)", url, added,
         )
     return len(seen.changed) + len(gone), replaced
 

@@ -42,7 +42,8 @@ def unreadable(url: str, index: int, path: str, exc: BaseException) -> Unreadabl
     root = exc.__cause__ if isinstance(exc, StorageError) and exc.__cause__ else exc
     if isinstance(exc, FileNotFoundError):
         kind: type[UnreadableSampleError] = MissingSampleError
-        fix = "It was listed but is gone: restore it, or build the ImageFolder again to re-list"
+        fix = ("It was listed but is gone: restore it, or build the ImageFolder again to re-list "
+               "(with listing_max_age=0 for a remote root)")
     elif isinstance(root, PermissionError):
         kind, fix = UnreadableSampleError, "Make it readable by this process (chmod, chown)"
     elif isinstance(root, OSError) and root.errno == errno.ELOOP:

@@ -17,9 +17,15 @@ What may be reused (docs/reliability.md, "Consistency model"):
 * only a complete listing is stored (one that left no folder out under ``on_error="skip"``),
   and none made with ``is_valid_file``: a function's answers cannot be part of a key, so such
   a dataset lists its root at every build;
+* only while what it was listed from is unchanged: each listing keeps a stamp of the root's
+  folders, and each reuse checks it first (NOTE [listing freshness] in :mod:`.listing_stamp`:
+  a stat per local folder, one ``ls`` of a remote root); what changed is said at INFO and
+  the root is listed again. What a check cannot see (files within a remote class folder)
+  is said in a WARNING at every reuse, with the listing's age;
 * an entry that fails validation (checksum, bounds, labels; :mod:`.index_format`), was made
   for another URL or other rules, or is of another format version is ignored with a DEBUG
-  line and replaced by a fresh listing;
+  line and replaced by a fresh listing; one with a path that does not lie below the root
+  (``../secret.txt``: a damaged or forged entry) is ignored with a WARNING, never read;
 * ``listed_at`` is when the sample set was listed; a revalidation refreshes the versions in
   the entry (``ImageFolder.revalidate`` rewrites it when something changed) but not its age,
   so a reused sample set is never older than ``listing_max_age``.
@@ -38,13 +44,14 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from fastload.cache.keys import digest
 from fastload.cache.tier import KeyLocking, Tier
 from fastload.cache.tiered import TieredCache
 from fastload.data.folder_rules import FolderRules
+from fastload.data import listing_stamp
 from fastload.data.index import DatasetIndex, IndexFormatError
 from fastload.data.index_format import FORMAT
 from fastload.data.listing import prefix_of, scan
@@ -117,6 +124,7 @@ class StoredListing:
         lockers = [t for t in self.tiers if isinstance(t, KeyLocking)]
         self._locker: KeyLocking | None = lockers[-1] if lockers else None
         self.lock_timeout = max(cache.config.lock_timeout, LISTING_LOCK_TIMEOUT_S)
+        self.note: str | None = None  # what a reused listing may leave out (index_of_root)
 
     @classmethod
     def of(
@@ -137,31 +145,47 @@ class StoredListing:
         """What an index made for this entry records about itself (checked by :meth:`load`)."""
         return {"key": self.key, "url": self.url, "rules": self.rules}
 
-    def load(self, max_age: float) -> DatasetIndex | None:
-        """The stored index if one is valid and listed at most ``max_age`` seconds ago."""
+    def load(
+        self, max_age: float, changes: Callable[[DatasetIndex], list[str]] | None = None
+    ) -> DatasetIndex | None:
+        """The stored index if one is valid and listed at most ``max_age`` seconds ago, and
+        ``changes(index)`` (what changed since it was listed, in words) finds nothing."""
         for level, tier in enumerate(self.tiers):
             # contains() first: a start that finds no listing counts no miss in the tier's
             # stats, which count the dataset's objects
             blob = tier.get(self.key) if tier.contains(self.key) else None
             if blob is None:
                 continue
-            index = self._valid(tier, blob, max_age)
+            index = self._valid(tier, blob, max_age, changes)
             if index is not None:
                 for upper in self.tiers[:level]:  # a node's disk keeps what Redis had
                     self._replace(upper, blob)
                 return index
         return None
 
-    def _valid(self, tier: Tier, blob: bytes, max_age: float) -> DatasetIndex | None:
+    def _valid(
+        self, tier: Tier, blob: bytes, max_age: float,
+        changes: Callable[[DatasetIndex], list[str]] | None,
+    ) -> DatasetIndex | None:
         try:
             index = DatasetIndex.from_bytes(blob)
         except IndexFormatError as exc:
             logger.debug("ignoring the stored listing %s in the %s tier: %s; listing again", self.key, tier.name, exc)
             return None
-        if index.extra != self.extra() or index.prefix != self.prefix:
+        made_for = {k: index.extra.get(k) for k in self.extra()}  # not its stamp: long
+        if made_for != self.extra() or index.prefix != self.prefix:
             logger.debug(
                 "ignoring the stored listing %s in the %s tier: it is of %r below %r; listing "
-                "again", self.key, tier.name, index.extra, index.prefix,
+                "again", self.key, tier.name, made_for, index.prefix,
+            )
+            return None
+        escaping = index.escaping_path()
+        if escaping is not None:  # never read a file outside the root
+            logger.warning(
+                "ignoring the listing of %s stored in the cache's %s tier: its path %r does "
+                "not lie below the dataset root (a damaged or forged entry); listing the root "
+                "again. If other hosts can write to that tier, set redis_hmac_key "
+                "(docs/reliability.md, 'Shared tiers')", self.url, tier.name, escaping,
             )
             return None
         age = time.time() - index.listed_at
@@ -169,6 +193,13 @@ class StoredListing:
             logger.debug(
                 "the stored listing of %s in the %s tier is %.0f s old (listing_max_age=%g s); "
                 "listing again", self.url, tier.name, age, max_age,
+            )
+            return None
+        changed = changes(index) if changes is not None else []
+        if changed:
+            logger.info(
+                "%s: the listing stored in the cache's %s tier %.0f s ago is out of date (%s); "
+                "listing again", self.url, tier.name, age, "; ".join(changed),
             )
             return None
         return index
@@ -183,6 +214,11 @@ class StoredListing:
                 "start lists again", self.url, len(blob),
             )
         return any(stored)
+
+    def drop(self) -> None:
+        """Delete the entry from every shared tier: the next start lists the root."""
+        for tier in self.tiers:
+            tier.delete(self.key)
 
     def _replace(self, tier: Tier, blob: bytes) -> bool:
         tier.delete(self.key)
@@ -230,32 +266,67 @@ def index_of_root(
     if stored is None or not stored.available:  # no cache: versions are not needed
         return scan(storage, rules, on_error, details=cache is not None).index, None
     reuse = max_age > 0
-    index = stored.load(max_age) if reuse else None
+
+    def changes(index: DatasetIndex) -> list[str]:  # NOTE [listing freshness]
+        return listing_stamp.changes(storage, index.extra.get("stamp"))
+
+    index = stored.load(max_age, changes) if reuse else None
     if index is None:
         with stored.lock():  # processes starting together list once
-            index = stored.load(max_age) if reuse else None
+            index = stored.load(max_age, changes) if reuse else None
             if index is None:
-                found = scan(storage, rules, on_error, extra=stored.extra())
+                stamp = listing_stamp.take(storage)  # before the listing: never newer than it
+                extra = {**stored.extra(), "stamp": stamp}
+                found = scan(storage, rules, on_error, extra=extra)
                 if not found.complete:  # a listing that left folders out is not reused
                     return found.index, None
                 stored.save(found.index)
                 return found.index, stored
-    logger.info(
-        "%s: reusing the listing stored in the cache %.0f s ago (%d images, %d classes), no "
-        "listing request; files added since are left out until it is %g s old "
-        "(listing_max_age); pass listing_max_age=0 to list now",
-        storage.url, time.time() - index.listed_at, len(index), len(index.classes), max_age,
-    )
+    stored.note = _reused(storage.url, index, max_age)
     return index, stored
+
+
+_SNAPSHOT_WARNED: set[str] = set()  # roots whose reused snapshot was warned about
+
+
+def _reused(url: str, index: DatasetIndex, max_age: float) -> str | None:
+    """Say that ``index`` is a reused listing; returns what its check could not see (for
+    ``loader.settings``), said once per process and root as a WARNING, or None."""
+    age = time.time() - index.listed_at
+    blind = listing_stamp.unchecked(index.extra.get("stamp"))
+    what = f"{len(index)} images, {len(index.classes)} classes"
+    if blind is None:
+        logger.info(
+            "%s: reusing the listing stored in the cache %.0f s ago (%s): its folders are "
+            "unchanged since, so no listing request", url, age, what,
+        )
+        return None
+    note = (
+        f"{url}: the sample set is the listing stored in the cache {age:.0f} s ago ({what}); "
+        f"{blind} until it is {max_age:g} s old (listing_max_age); pass listing_max_age=0 "
+        "to list now"
+    )
+    if url not in _SNAPSHOT_WARNED:
+        _SNAPSHOT_WARNED.add(url)
+        logger.warning("%s", note)
+    else:
+        logger.info("%s", note)
+    return note
 
 
 def store_versions(stored: StoredListing, index: DatasetIndex) -> None:
     """Rewrite the stored listing with ``index``'s new versions, unless another listing
-    (a newer sample set) replaced it meanwhile."""
+    (a newer sample set) replaced it meanwhile. An index with deleted samples is not stored
+    again but dropped, so the next ``ImageFolder`` lists the root anew (without them), as
+    the revalidation's warning says it will."""
     with stored.lock():
         there = stored.load(float("inf"))
         if there is not None and there.listed_at != index.listed_at:
             logger.debug("%s: the stored listing is another listing's now; not rewriting it", stored.url)
+            return
+        if index.unversioned():
+            if there is not None:
+                stored.drop()
             return
         if there is not None and there.same_versions(index):
             return  # another rank's revalidation stored the same versions already
