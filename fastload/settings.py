@@ -375,7 +375,7 @@ def resolve_settings(
 
     note = getattr(dataset, "listing_note", None)
     return LoaderSettings(workers, pin, prefetch, persist, machine, probe, limit,
-                          note if isinstance(note, str) else None)
+                          dataset_note=note if isinstance(note, str) else None)
 
 
 def probe_enabled() -> bool:

@@ -56,7 +56,7 @@ def test_a_file_rewritten_between_epochs_is_read_anew_through_the_cache(
     assert ds.reads_current_versions
     loader = DataLoader(ds, batch_size=4, num_workers=workers, persistent_workers=workers > 0)
     first = _images(loader)
-    kept = loader._iterator
+    kept = loader.engine.kept_iterator
     path = ds.samples[0][0]
     listed = ds.index.version(0)
     Path(path).write_bytes(Path(ds.samples[5][0]).read_bytes())  # a new file, another image
@@ -70,7 +70,7 @@ def test_a_file_rewritten_between_epochs_is_read_anew_through_the_cache(
     assert ds.index.version(0) == listed != local_version(os.stat(path))
     assert "images changed" not in caplog.text and "restarted" not in caplog.text
     if workers:
-        assert loader._iterator is kept and kept is not None
+        assert loader.engine.kept_iterator is kept and kept is not None
 
 
 @pytest.mark.timeout(60)
@@ -94,9 +94,9 @@ def test_persistent_workers_are_kept_when_nothing_changed(root, tmp_path, caplog
     ds = ImageFolder(root, size=32, cache=tmp_path / "cache")
     loader = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
     first = _images(loader)
-    kept = loader._iterator
+    kept = loader.engine.kept_iterator
     assert torch.equal(_images(loader), first)
-    assert loader._iterator is kept and kept is not None
+    assert loader.engine.kept_iterator is kept and kept is not None
     assert "restarted" not in caplog.text
 
 

@@ -71,6 +71,11 @@ class TorchEngine(Engine):
         return loader
 
     @property
+    def kept_iterator(self) -> Iterator[Any] | None:
+        """torch's iterator kept between epochs (persistent workers), None when none is kept."""
+        return self._private._iterator if self._private is not None else None
+
+    @property
     def reuses_iterator(self) -> bool:
         """Whether the next epoch resets torch's persistent iterator instead of building one."""
         return self._private is not None and self._private._iterator is not None
