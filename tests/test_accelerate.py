@@ -50,6 +50,12 @@ def accelerate(data: Path, out: Path, *args: str, nproc: int = 2, expect_ok: boo
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
+@pytest.fixture(scope="module")
+def two_ranks(ids, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """torchrun, two processes, the Accelerator made before the loaders (its docs' order)."""
+    return accelerate(ids, tmp_path_factory.mktemp("two"))
+
+
 def seen(rank: dict, kind: str, epoch: int) -> list[int]:
     return [i for e, batch in rank[kind] if e == epoch for i in batch]
 
@@ -73,15 +79,15 @@ def test_one_process_prepare_gives_plain_batches(ids, tmp_path):
 
 
 @pytest.mark.parametrize("order", [[], ["--loaders-first"]], ids=["accelerator_first", "loaders_first"])
-def test_torchrun_two_processes_split_once(ids, tmp_path, order):
-    ranks = accelerate(ids, tmp_path, *order)
+def test_torchrun_two_processes_split_once(ids, tmp_path, order, request):
+    ranks = accelerate(ids, tmp_path, *order) if order else request.getfixturevalue("two_ranks")
     assert_one_split(ranks)
     for rank in ranks:
         assert rank["loaders"][0]["len"] == N // 2 // BATCH
 
 
-def test_save_state_load_state_skip_first_batches_is_exact(ids, tmp_path):
-    full = accelerate(ids, tmp_path / "full")
+def test_save_state_load_state_skip_first_batches_is_exact(ids, tmp_path, two_ranks):
+    full = two_ranks
     state = tmp_path / "state"
     crashed = accelerate(ids, tmp_path / "crashed", "--stop-at", "3", "--state", str(state), expect_ok=False)
     resumed = accelerate(ids, tmp_path / "resumed", "--resume", str(state))

@@ -58,13 +58,19 @@ def assert_one_split(ranks: list[dict], epochs: int = 2) -> None:
     assert orders[0] != orders[1]  # a new order each epoch
 
 
+@pytest.fixture(scope="module")
+def default_run(ids, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Lightning's defaults (use_distributed_sampler=True), two ranks, two epochs."""
+    return lightning(ids, tmp_path_factory.mktemp("default"))
+
+
 @pytest.mark.parametrize("variant", [
     pytest.param([], id="use_distributed_sampler"),
     pytest.param(["--no-distributed-sampler"], id="no_distributed_sampler"),
     pytest.param(["--late-import", "--fit-with-loaders", "--predict"], id="late_import_fit_loaders"),
 ])
-def test_ddp_each_rank_sees_its_share_on_fastloads_engine(ids, tmp_path, variant):
-    ranks = lightning(ids, tmp_path, *variant)
+def test_ddp_each_rank_sees_its_share_on_fastloads_engine(ids, tmp_path, variant, request):
+    ranks = request.getfixturevalue("default_run") if not variant else lightning(ids, tmp_path, *variant)
     assert_one_split(ranks)
     for rank in ranks:
         for loader in rank["loaders"]:
@@ -82,8 +88,8 @@ def test_ddp_each_rank_sees_its_share_on_fastloads_engine(ids, tmp_path, variant
             assert rank["predict_loader"]["backend"] == "threads", rank["predict_loader"]["reason"]
 
 
-def test_ddp_mid_epoch_resume_through_ckpt_path_is_exact(ids, tmp_path):
-    full = lightning(ids, tmp_path / "full")
+def test_ddp_mid_epoch_resume_through_ckpt_path_is_exact(ids, tmp_path, default_run):
+    full = default_run
     ckpt = tmp_path / "mid.ckpt"
     crashed = lightning(ids, tmp_path / "crashed", "--stop-at", "3", "--ckpt", str(ckpt), expect=3)
     resumed = lightning(ids, tmp_path / "resumed", "--resume", str(ckpt))
