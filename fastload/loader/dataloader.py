@@ -184,7 +184,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         _keep(
             self, _settings=settings, device=target, skipped=[], _plan=plan, _parts=parts,
             _stage_dataset=staged, state=LoaderState(owns_sampler=plan.owned),
-            _declared=declared, _feeder=feeder, _choice=choice,
+            _declared=declared, _feeder=feeder, _choice=choice, _meter_asked=meter,
+            _asked=dict(num_workers=num_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
+                        persistent_workers=persistent_workers, device=target, batch_size=batch_size,
+                        multiprocessing_context=multiprocessing_context),
         )
         _keep(self, _kept=first_epoch.planned(self, kept))
         runs = assembly.engine_plan(plan, self)
@@ -203,12 +206,44 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         rank_sampler = self._plan.rank_sampler
         if rank_sampler is None:
             return super().__len__()
-        self._plan.follow_ranks(agree=False)  # NOTE [a loader built before the process group]
+        self._follow_ranks(agree=False)  # NOTE [a loader built before the process group]
         samples = rank_sampler.full_len()
         if self.batch_sampler is None:
             return samples
         size = self.batch_size or 1
         return samples // size if self.drop_last else -(-samples // size)
+
+    def _follow_ranks(self, *, agree: bool) -> None:
+        """This rank's share as the ranks are now; before the first epoch, settings for them.
+
+        NOTE [a loader built before the process group] in :mod:`fastload.loader.plan`: a
+        loader built as one process and first used as a rank of several resolves its
+        "auto" settings again (workers per rank follow the ranks on the node) and builds its
+        engine anew; nothing has run on the old one yet.
+        """
+        if not self._plan.follow_ranks(agree=agree) or self.state.iterations:
+            return
+        settings = resolve_settings(self.dataset, **self._asked)
+        if settings.as_dict() == self._settings.as_dict():
+            _keep(self, _settings=settings)
+            return
+        self._engine.close()
+        workers = settings.num_workers.value
+        _keep(self, _settings=settings, num_workers=assembly.as_set(settings.num_workers),
+              prefetch_factor=assembly.as_set(settings.prefetch_factor),
+              pin_memory=settings.pin_memory.value, persistent_workers=settings.persistent_workers.value,
+              _kept=None)
+        self._parts.worker_init_fn = StarvationMeter.worker_init(
+            self.worker_init_fn, workers, self._meter_asked if self._meter_asked is not None else False,
+            in_order=self.in_order,
+        )
+        runs = assembly.engine_plan(self._plan, self)
+        if self.meter is not None:
+            self.meter.num_workers = workers
+            self.meter.watch_workers(self._parts.worker_init_fn if workers else None)
+        _keep(self, _engine=assembly.build_engine(self._choice, self, settings, self.device,
+                                                  self._stage_dataset, runs))
+        logger.info("settings resolved again for %s", settings.machine)
 
     @property
     def settings(self) -> LoaderSettings:
@@ -289,7 +324,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._revalidate()
             autotune.retune(self)
         if state.owns_sampler:
-            self._plan.follow_ranks(agree=True)  # NOTE [a loader built before the process group]
+            self._follow_ranks(agree=True)  # NOTE [a loader built before the process group]
             self._plan.rank_sampler.set_epoch(state.epoch)
             self._plan.public.set_epoch(state.epoch)
         progress = resume.start_epoch(self, state)
@@ -347,7 +382,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
             >>> loader.load_state_dict(torch.load(path)["data"])
         """
-        self._plan.follow_ranks(agree=True)  # every rank loads: the same moment for all
+        self._follow_ranks(agree=True)  # every rank loads: the same moment for all
         _keep(self, state=resume.load_state_dict(self, self.state, state_dict))
 
 

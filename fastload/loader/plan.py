@@ -64,8 +64,9 @@ class Plan:
     batches: Any = None
     seed_agreed: bool = True
 
-    def follow_ranks(self, *, agree: bool) -> None:
+    def follow_ranks(self, *, agree: bool) -> bool:
         """Split by the ranks as they are now; with ``agree``, also agree on the seed.
+        Whether the split changed.
 
         NOTE [a loader built before the process group]
         Lightning's launcher sets the rank's environment and starts the process group inside
@@ -73,13 +74,16 @@ class Plan:
         its public sampler is a DistributedSampler, Lightning adds no split of its own, so
         the loader takes its rank's share when it is next measured (``len``) or iterated.
         The ranks agree on the seed at the first iteration after that (a collective: every
-        rank iterates its loader, as DDP training does; ``len`` exchanges nothing).
+        rank iterates its loader, as DDP training does; ``len`` exchanges nothing). Before its
+        first epoch the loader also resolves its settings again for the ranks now on the
+        node (``fastload.DataLoader``).
         """
         mine = self.rank_sampler
         if mine is None:
-            return
+            return False
         ranks = distributed.rank_info()
-        if (mine.rank, mine.num_replicas) != (ranks.rank, ranks.world_size):
+        changed = (mine.rank, mine.num_replicas) != (ranks.rank, ranks.world_size)
+        if changed:
             mine.rank, mine.num_replicas = ranks.rank, ranks.world_size
             self.seed_agreed = ranks.world_size == 1
             logger.info("the loader now reads rank %d's share of %d", ranks.rank, ranks.world_size)
@@ -87,6 +91,7 @@ class Plan:
             seed = distributed.agree_seed(mine.seed, ranks)
             mine.seed = self.public.seed = seed  # type: ignore[union-attr]
             self.seed_agreed = True
+        return changed
 
     @property
     def owned(self) -> bool:
