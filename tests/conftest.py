@@ -15,7 +15,9 @@ from PIL import Image, ImageFilter
 from fastload.testing.synthetic import make_jpeg_folder
 
 # Each module here starts a real server or builds real data; add yours to this list.
-pytest_plugins: list[str] = ["tests.fixtures.privileges", "tests.fixtures.redis", "tests.fixtures.s3"]
+pytest_plugins: list[str] = [
+    "tests.fixtures.privileges", "tests.fixtures.redis", "tests.fixtures.s3", "tests.fixtures.launch",
+]
 
 
 @pytest.fixture(scope="session")

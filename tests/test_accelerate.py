@@ -10,34 +10,25 @@ or under torchrun with two processes (gloo).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from fastload.testing.synthetic import make_jpeg_folder
+from tests.fixtures.launch import ONE_PER_CLASS as N
+from tests.fixtures.launch import launch_env
 
 pytest.importorskip("accelerate")
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "accelerate_run.py"
-N, BATCH = 40, 4
+BATCH = 4
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
-def ids(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """40 JPEGs, one per class: a label is a sample id."""
-    return make_jpeg_folder(tmp_path_factory.mktemp("ids"), images=N, classes=N, size=(48, 40))
-
-
 def accelerate(data: Path, out: Path, *args: str, nproc: int = 2, expect_ok: bool = True) -> list[dict]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
-                 "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
+    env = launch_env()
     launch = [sys.executable]
     if nproc > 1:
         launch += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
@@ -51,9 +42,9 @@ def accelerate(data: Path, out: Path, *args: str, nproc: int = 2, expect_ok: boo
 
 
 @pytest.fixture(scope="module")
-def two_ranks(ids, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+def two_ranks(one_per_class, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     """torchrun, two processes, the Accelerator made before the loaders (its docs' order)."""
-    return accelerate(ids, tmp_path_factory.mktemp("two"))
+    return accelerate(one_per_class, tmp_path_factory.mktemp("two"))
 
 
 def seen(rank: dict, kind: str, epoch: int) -> list[int]:
@@ -69,8 +60,8 @@ def assert_one_split(ranks: list[dict]) -> None:
     assert seen(ranks[0], "train", 0) != seen(ranks[0], "train", 1)  # a new order each epoch
 
 
-def test_one_process_prepare_gives_plain_batches(ids, tmp_path):
-    (rank,) = accelerate(ids, tmp_path, nproc=1)
+def test_one_process_prepare_gives_plain_batches(one_per_class, tmp_path):
+    (rank,) = accelerate(one_per_class, tmp_path, nproc=1)
     assert_one_split([rank])
     loader = rank["loaders"][0]
     assert loader["len"] == loader["original_len"] == N // BATCH
@@ -79,18 +70,18 @@ def test_one_process_prepare_gives_plain_batches(ids, tmp_path):
 
 
 @pytest.mark.parametrize("order", [[], ["--loaders-first"]], ids=["accelerator_first", "loaders_first"])
-def test_torchrun_two_processes_split_once(ids, tmp_path, order, request):
-    ranks = accelerate(ids, tmp_path, *order) if order else request.getfixturevalue("two_ranks")
+def test_torchrun_two_processes_split_once(one_per_class, tmp_path, order, request):
+    ranks = accelerate(one_per_class, tmp_path, *order) if order else request.getfixturevalue("two_ranks")
     assert_one_split(ranks)
     for rank in ranks:
         assert rank["loaders"][0]["len"] == N // 2 // BATCH
 
 
-def test_save_state_load_state_skip_first_batches_is_exact(ids, tmp_path, two_ranks):
+def test_save_state_load_state_skip_first_batches_is_exact(one_per_class, tmp_path, two_ranks):
     full = two_ranks
     state = tmp_path / "state"
-    crashed = accelerate(ids, tmp_path / "crashed", "--stop-at", "3", "--state", str(state), expect_ok=False)
-    resumed = accelerate(ids, tmp_path / "resumed", "--resume", str(state))
+    crashed = accelerate(one_per_class, tmp_path / "crashed", "--stop-at", "3", "--state", str(state), expect_ok=False)
+    resumed = accelerate(one_per_class, tmp_path / "resumed", "--resume", str(state))
     for before, after, whole in zip(crashed, resumed, full):
         assert len(before["train"]) == 3
         assert before["train"] + after["train"] == whole["train"]  # the rest, then a whole epoch

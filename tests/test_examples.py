@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -10,15 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.launch import launch_env
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def run(*cmd: str) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(cmd, env=launch_env(), capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 

@@ -8,34 +8,25 @@ ids are labels (one image per class), so what each rank saw is what it trained o
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from fastload.testing.synthetic import make_jpeg_folder
+from tests.fixtures.launch import ONE_PER_CLASS as N
+from tests.fixtures.launch import launch_env
 
 pytest.importorskip("pytorch_lightning")
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "lightning_run.py"
-N, BATCH = 40, 4
+BATCH = 4
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
-def ids(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """40 JPEGs, one per class: a label is a sample id."""
-    return make_jpeg_folder(tmp_path_factory.mktemp("ids"), images=N, classes=N, size=(48, 40))
-
-
 def lightning(data: Path, out: Path, *args: str, devices: int = 2, expect: int = 0) -> list[dict]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
-                 "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
+    env = launch_env()
     cmd = [sys.executable, str(SCRIPT), "--data", str(data), "--out", str(out),
            "--devices", str(devices), "--batch", str(BATCH), *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=280)
@@ -59,9 +50,9 @@ def assert_one_split(ranks: list[dict], epochs: int = 2) -> None:
 
 
 @pytest.fixture(scope="module")
-def default_run(ids, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+def default_run(one_per_class, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     """Lightning's defaults (use_distributed_sampler=True), two ranks, two epochs."""
-    return lightning(ids, tmp_path_factory.mktemp("default"))
+    return lightning(one_per_class, tmp_path_factory.mktemp("default"))
 
 
 @pytest.mark.parametrize("variant", [
@@ -69,8 +60,8 @@ def default_run(ids, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     pytest.param(["--no-distributed-sampler"], id="no_distributed_sampler"),
     pytest.param(["--late-import", "--fit-with-loaders", "--predict"], id="late_import_fit_loaders"),
 ])
-def test_ddp_each_rank_sees_its_share_on_fastloads_engine(ids, tmp_path, variant, request):
-    ranks = request.getfixturevalue("default_run") if not variant else lightning(ids, tmp_path, *variant)
+def test_ddp_each_rank_sees_its_share_on_fastloads_engine(one_per_class, tmp_path, variant, request):
+    ranks = request.getfixturevalue("default_run") if not variant else lightning(one_per_class, tmp_path, *variant)
     assert_one_split(ranks)
     for rank in ranks:
         for loader in rank["loaders"]:
@@ -90,11 +81,11 @@ def test_ddp_each_rank_sees_its_share_on_fastloads_engine(ids, tmp_path, variant
             assert rank["predict_loader"]["backend"] == "threads", rank["predict_loader"]["reason"]
 
 
-def test_ddp_mid_epoch_resume_through_ckpt_path_is_exact(ids, tmp_path, default_run):
+def test_ddp_mid_epoch_resume_through_ckpt_path_is_exact(one_per_class, tmp_path, default_run):
     full = default_run
     ckpt = tmp_path / "mid.ckpt"
-    crashed = lightning(ids, tmp_path / "crashed", "--stop-at", "3", "--ckpt", str(ckpt), expect=3)
-    resumed = lightning(ids, tmp_path / "resumed", "--resume", str(ckpt))
+    crashed = lightning(one_per_class, tmp_path / "crashed", "--stop-at", "3", "--ckpt", str(ckpt), expect=3)
+    resumed = lightning(one_per_class, tmp_path / "resumed", "--resume", str(ckpt))
     for before, after, whole in zip(crashed, resumed, full):
         assert len(before["train"]) == 3
         # the 3 batches before the checkpoint, then exactly the rest of that epoch and a
@@ -103,12 +94,12 @@ def test_ddp_mid_epoch_resume_through_ckpt_path_is_exact(ids, tmp_path, default_
         assert [loader["len"] for loader in after["loaders"]] == [N // 2 // BATCH] * 2
 
 
-def test_one_device_resume_keeps_every_later_epoch_whole(ids, tmp_path):
-    full = lightning(ids, tmp_path / "full", "--epochs", "3", devices=1)
+def test_one_device_resume_keeps_every_later_epoch_whole(one_per_class, tmp_path):
+    full = lightning(one_per_class, tmp_path / "full", "--epochs", "3", devices=1)
     ckpt = tmp_path / "mid.ckpt"
-    crashed = lightning(ids, tmp_path / "crashed", "--epochs", "3", "--stop-at", "7", "--ckpt", str(ckpt),
+    crashed = lightning(one_per_class, tmp_path / "crashed", "--epochs", "3", "--stop-at", "7", "--ckpt", str(ckpt),
                         devices=1, expect=3)
-    resumed = lightning(ids, tmp_path / "resumed", "--epochs", "3", "--resume", str(ckpt), devices=1)
+    resumed = lightning(one_per_class, tmp_path / "resumed", "--epochs", "3", "--resume", str(ckpt), devices=1)
     assert crashed[0]["train"] + resumed[0]["train"] == full[0]["train"]
     per_epoch = [len([b for e, b in resumed[0]["train"] if e == k]) for k in range(3)]
     assert per_epoch == [N // BATCH - 7, N // BATCH, N // BATCH]  # the rest, then whole epochs
