@@ -29,6 +29,11 @@ NOTE [disk tier across processes]
   :mod:`.writebehind`); this process sees it at once, other processes after the flush.
 * A full disk (ENOSPC, EDQUOT, EFBIG) or, under policy "keep", an exhausted budget makes the
   tier pass-through in that process: one warning, reads go to the origin, training goes on.
+* A cache fails open (NOTE [a store is checked before it is mapped] in :mod:`.lmdbfile`): a
+  directory this process cannot write is read as it is and nothing is stored; a packed
+  store that is damaged is set aside and made anew when the tier opens, and one that cannot
+  be used (damaged and not repaired, not fastload's, cut while in use) is not read: one
+  warning each, naming the directory and what to do; reads go to the origin.
 * Nothing is read, written or deleted through a symlink or in a directory fastload did not
   make (NOTE [a cache directory holds only fastload's files]); such names are misses here.
 
@@ -59,7 +64,7 @@ from fastload.cache.diskstats import StatsRecorder
 from fastload.cache.entrystore import Damaged, EntryStore, Status
 from fastload.cache.filestore import FileStore
 from fastload.cache.keys import digest
-from fastload.cache.lmdbenv import StoreFault
+from fastload.cache.lmdbenv import StoreDamaged, StoreFault
 from fastload.cache.packed import FILE_MIN
 from fastload.cache.packedformat import PackedFormatStore
 from fastload.cache.tier import Tier, TierStats
@@ -87,10 +92,14 @@ class DiskTier(Tier):
         create: False to open only an existing cache (the command line's stats/verify/clear).
         format: "packed" or "files" (NOTE [cache formats]); None = the directory's, and
             "packed" for a new one. Another format than the directory's is a ConfigError.
+        repair: set a damaged packed store aside and make an empty one, with one warning (False:
+            leave it as it is and do not use it, without a warning: ``store.problem`` and
+            ``read_only`` say why, for ``fastload cache stats|verify|clear`` to report).
 
     Attributes:
         cache_dir: the opened directory (:class:`~fastload.cache.cachedir.CacheDir`).
         store: its entries, in the store of its format (:mod:`.entrystore`).
+        read_only: why this process cannot write the directory, or None.
         recorder: adds this process's counters to the directory's stats.json.
         budget: the byte budget in effect.
         budget_source: "disk_size" when some process gave one, else "default".
@@ -107,6 +116,7 @@ class DiskTier(Tier):
         policy: Policy = "keep",
         create: bool = True,
         format: DiskFormat | None = None,
+        repair: bool = True,
     ) -> None:
         super().__init__()
         if policy not in POLICIES:
@@ -126,22 +136,66 @@ class DiskTier(Tier):
                 f"for a cache of format {format!r}"
             )
         lru = policy == "lru"
-        self.store: EntryStore = (PackedFormatStore(self.cache_dir, lru=lru) if self.format == "packed"
-                                  else FileStore(self.cache_dir, lru=lru))
-        if budget is not None:
+        self.store: EntryStore = (PackedFormatStore(self.cache_dir, lru=lru, repair=repair)
+                                  if self.format == "packed" else FileStore(self.cache_dir, lru=lru))
+        self.read_only = self.cache_dir.read_only
+        if budget is not None and self.read_only is None:
             self._record_budget(budget)
         recorded = self.cache_dir.marker.get("budget")
         self.budget_source = "default" if budget is None and recorded is None else "disk_size"
         if budget is None:
             budget = recorded if recorded is not None else self.cache_dir.marker["default_size"]
         self.budget: int = budget
-        self._passthrough = False
+        self._passthrough = self.read_only is not None
+        self._unread = False  # the store cannot be read: every lookup is a miss
         self._warned: set[str] = set()
+        self._opened(warn=repair)
         # NOTE [write-behind]: one buffer per process and directory, shared by its tiers
         self._pending = pending_puts(str(self.directory))
         self._defer_below = FILE_MIN if self.format == "packed" else 0
         self.recorder = StatsRecorder(self.cache_dir, self.stats)
         multiprocessing.util.Finalize(self, self.recorder.flush, exitpriority=10)
+
+    def _opened(self, *, warn: bool) -> None:
+        """One warning when the directory cannot be written or its store cannot be used."""
+        problem = self.store.problem
+        if not warn:
+            self._unread = problem is not None
+            self._passthrough = self._passthrough or self._unread
+            return
+        if self.read_only is None:
+            if problem is not None:
+                self._store_off(problem)
+            return
+        if problem is None:
+            self._warn_once("readonly", "disk cache %s is read-only (%s): what it holds is served and "
+                            "nothing new is stored; reads of other objects go to the origin",
+                            self.directory, self.read_only)
+        else:
+            self._unread = True
+            self._warn_once("readonly", "disk cache %s is read-only (%s) and %s: nothing is read from it "
+                            "or stored; reads go to the origin", self.directory, self.read_only, problem)
+
+    def _store_off(self, exc: OSError) -> None:
+        """The store cannot be used (any more) in this process: one warning, the origin."""
+        self._unread = self._passthrough = True
+        if isinstance(exc, StoreDamaged) and exc.foreign:
+            self._warn_once("damaged", "disk cache %s: %s; it is left alone and not used, reads go to "
+                            "the origin. Remove it, or give the cache a new directory", self.directory, exc)
+        elif isinstance(exc, StoreDamaged):
+            self._warn_once("damaged", "disk cache %s: %s; it is not used and reads go to the origin. "
+                            "Run `fastload cache verify %s --drop` (or `fastload cache clear %s`) to "
+                            "set it right", self.directory, exc, self.directory, self.directory)
+        elif self.read_only is None:
+            self._warn_once("damaged", "disk cache %s: %s; it is not used and reads go to the origin",
+                            self.directory, exc)
+
+    @property
+    def cannot_store(self) -> str | None:
+        """Why this tier stores nothing at all (read-only, its store unusable), or None."""
+        if self.read_only is not None:
+            return f"{self.directory} is read-only ({self.read_only})"
+        return None if self.store.problem is None else f"{self.directory}: {self.store.problem}"
 
     def __reduce__(self):  # reopened in each process (workers), with fresh counters
         return (_reopen_disk_tier, (str(self.directory), self._size_arg, self.policy, self.format))
@@ -169,7 +223,7 @@ class DiskTier(Tier):
     def get(self, key: str) -> bytes | None:
         pending = self._pending
         value = pending.get(key) if pending.values or pending.flushing else None  # NOTE [write-behind]
-        if value is None:
+        if value is None and not self._unread:
             try:
                 value = self.store.read(key)
             except Damaged as exc:
@@ -182,7 +236,7 @@ class DiskTier(Tier):
         """:meth:`get` of each key; format "packed": one read transaction for all (a batch)."""
         pending = self._pending
         out = [pending.get(k) for k in keys] if pending else [None] * len(keys)
-        asked = [i for i, value in enumerate(out) if value is None]
+        asked = [i for i, value in enumerate(out) if value is None] if not self._unread else []
         try:
             found = self.store.read_many([keys[i] for i in asked]) if asked else []
         except OSError as exc:
@@ -205,11 +259,18 @@ class DiskTier(Tier):
     def _drop(self, key: str, exc: Damaged) -> None:
         """A damaged entry: counted, dropped with a warning, then read as a miss."""
         self.stats.corrupt += 1
+        if self.read_only is not None:  # left as it is: nothing can be deleted here
+            self._warn_once("corrupt", "disk cache %s: corrupt entry %s (%s) at %s is read from the origin",
+                            self.directory, key, exc.why, exc.where)
+            return
         logger.warning("dropping corrupt cache entry %s (%s) at %s; it is fetched again", key, exc.why, exc.where)
         self.delete(key)
 
     def _warn_read(self, exc: OSError) -> None:
-        self._warn_once("read", "disk cache %s cannot be read (%s); reading the origin", self.directory, exc)
+        if isinstance(exc, StoreDamaged):
+            self._store_off(exc)
+        else:
+            self._warn_once("read", "disk cache %s cannot be read (%s); reading the origin", self.directory, exc)
 
     def contains(self, key: str) -> bool:
         """Whether a complete entry of ``key`` is there: header and file size, no checksum."""
@@ -220,7 +281,7 @@ class DiskTier(Tier):
         pending = self._pending
         buffered = [pending.get(k) is not None for k in keys] if pending else None  # looked at first
         try:
-            found = self.store.contains_many(keys)
+            found = self.store.contains_many(keys) if not self._unread else [False] * len(keys)
         except OSError as exc:
             self._warn_read(exc)
             found = [False] * len(keys)
@@ -307,7 +368,9 @@ class DiskTier(Tier):
 
     def _fault(self, exc: OSError, puts: int) -> None:
         self.stats.rejected += puts
-        if exc.errno in _FULL_ERRNOS or isinstance(exc, StoreFault):
+        if isinstance(exc, StoreDamaged):
+            self._store_off(exc)
+        elif exc.errno in _FULL_ERRNOS or isinstance(exc, StoreFault):
             self._passthrough = True
             self._warn_once(
                 "nospace",
@@ -330,6 +393,8 @@ class DiskTier(Tier):
 
     def delete(self, key: str) -> None:
         self._pending.discard(key)
+        if self.read_only is not None or self._unread:
+            return
         try:
             self.store.drop(key)
         except (OSError, LockTimeout) as exc:
@@ -347,6 +412,9 @@ class DiskTier(Tier):
     @contextlib.contextmanager
     def _stripe_lock(self, name: str, timeout: float) -> Iterator[bool]:
         with contextlib.ExitStack() as held:
+            if self.read_only is not None:  # nothing is stored: nobody waits for this fetch
+                yield False
+                return
             try:
                 got = held.enter_context(self.cache_dir.lock(name, timeout))
             except OSError as exc:  # a foreign lock file: fetch without the lock
@@ -356,7 +424,8 @@ class DiskTier(Tier):
 
     def close(self) -> None:
         self.flush_puts()
-        self.recorder.flush()
+        if self.read_only is None:
+            self.recorder.flush()
         try:
             self.store.flush()
         except OSError as exc:
