@@ -88,7 +88,7 @@ def warm(
     stuck = [t.cannot_store for t in store.tiers if isinstance(t, DiskTier) and t.cannot_store]
     if stuck and len(stuck) == sum(t.shared for t in store.tiers):
         store.close()
-        raise CacheError(f"cannot warm into {stuck[0]}: nothing could be stored; give a cache "
+        raise CacheError(f"cannot warm: {stuck[0]}, so nothing could be stored; give a cache "
                          "directory this process can write")
     if jobs is not None and jobs < 1:
         raise ConfigError(f"jobs must be at least 1, got {jobs}")
