@@ -156,7 +156,8 @@ def test_ctrl_c_exits_130(tmp_path):
     warm = subprocess.Popen(
         [FASTLOAD, "cache", "warm", f"latency::file://{data}", "--cache", str(tmp_path / "cache"),
          "--jobs", "1", "-o", 'latency={"latency": 1.0}'],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_sigint_default,  # noqa: PLW1509 - no thread of this test runs at the fork
     )
     try:
         started = warm.stderr.readline()

@@ -136,7 +136,7 @@ class CacheDir:
                 if os.fstatvfs(fd).f_flag & os.ST_RDONLY:
                     return "its filesystem is mounted read-only"
                 if not os.access(".", os.W_OK, dir_fd=fd):
-                    return "this process may not write it (permissions, or an immutable directory)"
+                    return "this process may not write it: permissions or an immutable directory"
             except OSError as exc:
                 return f"it cannot be checked for writing ({exc.strerror})"
         return None

@@ -49,7 +49,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import multiprocessing.util
 import os
@@ -58,13 +57,13 @@ from pathlib import Path
 from typing import Any
 
 from fastload.cache import maintenance
-from fastload.cache.cachedir import INDEX_TIMEOUT_S, CacheDir, Foreign, Found, LockTimeout
+from fastload.cache.cachedir import INDEX_TIMEOUT_S, CacheDir, Found, LockTimeout
 from fastload.cache.config import DISK_FORMATS, POLICIES, DiskFormat, Policy, parse_size
+from fastload.cache.diskhealth import Health
 from fastload.cache.diskstats import StatsRecorder
 from fastload.cache.entrystore import Damaged, EntryStore, Status
 from fastload.cache.filestore import FileStore
 from fastload.cache.keys import digest
-from fastload.cache.lmdbenv import StoreDamaged, StoreFault
 from fastload.cache.packed import FILE_MIN
 from fastload.cache.packedformat import PackedFormatStore
 from fastload.cache.tier import Tier, TierStats
@@ -74,7 +73,6 @@ from fastload.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 LOCK_STRIPES = 4096
-_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 __all__ = ["INDEX_TIMEOUT_S", "LOCK_STRIPES", "DiskTier"]
 
@@ -146,49 +144,13 @@ class DiskTier(Tier):
         if budget is None:
             budget = recorded if recorded is not None else self.cache_dir.marker["default_size"]
         self.budget: int = budget
-        self._passthrough = self.read_only is not None
-        self._unread = False  # the store cannot be read: every lookup is a miss
-        self._warned: set[str] = set()
-        self._opened(warn=repair)
+        self.health = Health(self.directory, self.read_only)  # NOTE [a cache fails open]
+        self.health.opened(self.store.problem, warn=repair)
         # NOTE [write-behind]: one buffer per process and directory, shared by its tiers
         self._pending = pending_puts(str(self.directory))
         self._defer_below = FILE_MIN if self.format == "packed" else 0
         self.recorder = StatsRecorder(self.cache_dir, self.stats)
         multiprocessing.util.Finalize(self, self.recorder.flush, exitpriority=10)
-
-    def _opened(self, *, warn: bool) -> None:
-        """One warning when the directory cannot be written or its store cannot be used."""
-        problem = self.store.problem
-        if not warn:
-            self._unread = problem is not None
-            self._passthrough = self._passthrough or self._unread
-            return
-        if self.read_only is None:
-            if problem is not None:
-                self._store_off(problem)
-            return
-        if problem is None:
-            self._warn_once("readonly", "disk cache %s is read-only (%s): what it holds is served and "
-                            "nothing new is stored; reads of other objects go to the origin",
-                            self.directory, self.read_only)
-        else:
-            self._unread = True
-            self._warn_once("readonly", "disk cache %s is read-only (%s) and %s: nothing is read from it "
-                            "or stored; reads go to the origin", self.directory, self.read_only, problem)
-
-    def _store_off(self, exc: OSError) -> None:
-        """The store cannot be used (any more) in this process: one warning, the origin."""
-        self._unread = self._passthrough = True
-        if isinstance(exc, StoreDamaged) and exc.foreign:
-            self._warn_once("damaged", "disk cache %s: %s; it is left alone and not used, reads go to "
-                            "the origin. Remove it, or give the cache a new directory", self.directory, exc)
-        elif isinstance(exc, StoreDamaged):
-            self._warn_once("damaged", "disk cache %s: %s; it is not used and reads go to the origin. "
-                            "Run `fastload cache verify %s --drop` (or `fastload cache clear %s`) to "
-                            "set it right", self.directory, exc, self.directory, self.directory)
-        elif self.read_only is None:
-            self._warn_once("damaged", "disk cache %s: %s; it is not used and reads go to the origin",
-                            self.directory, exc)
 
     @property
     def cannot_store(self) -> str | None:
@@ -223,24 +185,24 @@ class DiskTier(Tier):
     def get(self, key: str) -> bytes | None:
         pending = self._pending
         value = pending.get(key) if pending.values or pending.flushing else None  # NOTE [write-behind]
-        if value is None and not self._unread:
+        if value is None and self.health.reads:
             try:
                 value = self.store.read(key)
             except Damaged as exc:
                 self._drop(key, exc)
             except OSError as exc:  # Foreign too: a symlink is never read through
-                self._warn_read(exc)
+                self.health.read_failed(exc)
         return self._counted(value)
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """:meth:`get` of each key; format "packed": one read transaction for all (a batch)."""
         pending = self._pending
         out = [pending.get(k) for k in keys] if pending else [None] * len(keys)
-        asked = [i for i, value in enumerate(out) if value is None] if not self._unread else []
+        asked = [i for i, value in enumerate(out) if value is None] if self.health.reads else []
         try:
             found = self.store.read_many([keys[i] for i in asked]) if asked else []
         except OSError as exc:
-            self._warn_read(exc)
+            self.health.read_failed(exc)
             found = [None] * len(asked)
         for i, value in zip(asked, found):
             out[i] = self._drop(keys[i], value) if isinstance(value, Damaged) else value
@@ -257,20 +219,11 @@ class DiskTier(Tier):
         return value
 
     def _drop(self, key: str, exc: Damaged) -> None:
-        """A damaged entry: counted, dropped with a warning, then read as a miss."""
+        """A damaged entry: counted, dropped with a warning (kept in a read-only directory),
+        then read as a miss."""
         self.stats.corrupt += 1
-        if self.read_only is not None:  # left as it is: nothing can be deleted here
-            self._warn_once("corrupt", "disk cache %s: corrupt entry %s (%s) at %s is read from the origin",
-                            self.directory, key, exc.why, exc.where)
-            return
-        logger.warning("dropping corrupt cache entry %s (%s) at %s; it is fetched again", key, exc.why, exc.where)
-        self.delete(key)
-
-    def _warn_read(self, exc: OSError) -> None:
-        if isinstance(exc, StoreDamaged):
-            self._store_off(exc)
-        else:
-            self._warn_once("read", "disk cache %s cannot be read (%s); reading the origin", self.directory, exc)
+        if self.health.corrupt(key, exc.why, exc.where):
+            self.delete(key)
 
     def contains(self, key: str) -> bool:
         """Whether a complete entry of ``key`` is there: header and file size, no checksum."""
@@ -281,9 +234,9 @@ class DiskTier(Tier):
         pending = self._pending
         buffered = [pending.get(k) is not None for k in keys] if pending else None  # looked at first
         try:
-            found = self.store.contains_many(keys) if not self._unread else [False] * len(keys)
+            found = self.store.contains_many(keys) if self.health.reads else [False] * len(keys)
         except OSError as exc:
-            self._warn_read(exc)
+            self.health.read_failed(exc)
             found = [False] * len(keys)
         return found if buffered is None else [f or b for f, b in zip(found, buffered)]
 
@@ -299,7 +252,7 @@ class DiskTier(Tier):
         """
         if len(value) >= self._defer_below:
             self.put(key, value)
-        elif self._passthrough:
+        elif not self.health.writes:
             self.stats.rejected += 1
         else:
             self._pending.add(key, value, self._store_deferred)
@@ -317,18 +270,19 @@ class DiskTier(Tier):
         items = list(items)
         results = [False] * len(items)
         for group in self.store.groups([len(value) for _, value in items]):
-            if self._passthrough:
+            if not self.health.writes:
                 self.stats.rejected += len(group)
                 continue
             try:
                 stored = self.store.put_group([items[i] for i in group], self.budget)
             except LockTimeout:
-                self._warn_once("lock", "disk cache %s: index lock busy for %ss; entry not stored",
+                self.health.warn_once("lock", "disk cache %s: index lock busy for %ss; entry not stored",
                                 self.directory, INDEX_TIMEOUT_S)
                 self.stats.rejected += len(group)
                 continue
             except OSError as exc:
-                self._fault(exc, len(group))
+                self.stats.rejected += len(group)
+                self.health.write_failed(exc)
                 continue
             stats = self.stats
             for i, (status, n) in zip(group, stored):
@@ -348,7 +302,7 @@ class DiskTier(Tier):
             return True
         if status == "exists":
             return True
-        if status == "full" and not self._passthrough:
+        if status == "full" and self.health.writes:
             self._exhausted(self.store.used(), n)
         else:
             self.stats.rejected += 1
@@ -356,49 +310,17 @@ class DiskTier(Tier):
 
     def _exhausted(self, used: int, n: int) -> None:
         self.stats.rejected += 1
-        if n > self.budget:
-            return  # one oversized object; the tier stays useful for the others
-        self._passthrough = True
-        self._warn_once(
-            "full",
-            "disk cache %s is full (%d of %d bytes used); policy 'keep' keeps what it has and "
-            "reads of other objects go to the origin. Raise disk_size to cache more",
-            self.directory, used, self.budget,
-        )
-
-    def _fault(self, exc: OSError, puts: int) -> None:
-        self.stats.rejected += puts
-        if isinstance(exc, StoreDamaged):
-            self._store_off(exc)
-        elif exc.errno in _FULL_ERRNOS or isinstance(exc, StoreFault):
-            self._passthrough = True
-            self._warn_once(
-                "nospace",
-                "disk cache %s cannot write (%s); it is now pass-through: reads go to the "
-                "origin and training goes on. Free space or lower disk_size",
-                self.directory, exc,
-            )
-        elif isinstance(exc, Foreign):
-            self._warn_once(
-                "foreign", "disk cache %s: %s; entry not stored (see `fastload cache verify %s`)",
-                self.directory, exc, self.directory,
-            )
-        else:
-            self._warn_once("write", "disk cache %s cannot write (%s); entry not stored", self.directory, exc)
-
-    def _warn_once(self, what: str, msg: str, *args: object) -> None:
-        if what not in self._warned:
-            self._warned.add(what)
-            logger.warning(msg, *args)
+        if n <= self.budget:  # one oversized object: the tier stays useful for the others
+            self.health.full(used, self.budget)
 
     def delete(self, key: str) -> None:
         self._pending.discard(key)
-        if self.read_only is not None or self._unread:
+        if not self.health.writes:
             return
         try:
             self.store.drop(key)
         except (OSError, LockTimeout) as exc:
-            self._warn_once("drop", "disk cache %s: cannot delete %s (%s)", self.directory, key, exc)
+            self.health.warn_once("drop", "disk cache %s: cannot delete %s (%s)", self.directory, key, exc)
 
     def keys(self) -> Iterator[str]:
         self.flush_puts()
@@ -418,7 +340,7 @@ class DiskTier(Tier):
             try:
                 got = held.enter_context(self.cache_dir.lock(name, timeout))
             except OSError as exc:  # a foreign lock file: fetch without the lock
-                self._warn_once("lockfile", "disk cache %s: cannot use a lock file (%s); fetching without it", self.directory, exc)
+                self.health.warn_once("lockfile", "disk cache %s: cannot use a lock file (%s); fetching without it", self.directory, exc)
                 got = False
             yield got
 

@@ -56,6 +56,7 @@ from fastload.cache.lmdbfile import (
     StoreFault,
     lmdb_fault,
     read_header,
+    walk,
 )
 from fastload.cache.packedsync import (
     SyncMarks,
@@ -134,6 +135,7 @@ def _close_after_fork() -> None:
     """In a forked child: close the parent's environments (NOTE [one LMDB environment per process])."""
     for held in _ENVS.values():
         held.inherited = True
+        held.guard.close()  # this process's copy of the descriptor
         if held.mutex.acquire(blocking=False):
             try:
                 held.env.close()
@@ -172,13 +174,14 @@ def open_env(cache_dir: CacheDir, *, check: bool, repair: bool = True) -> tuple[
 
     ``check``: look at the crash marks first (NOTE [packed durability]); a forked child that
     reopens skips it. ``repair``: set a damaged store aside and make an empty one (never for
-    a read-only directory or a store fastload did not make). Raises CacheError when a name
+    a read-only directory or a store fastload did not make); without it (the maintenance
+    commands) every page is checked before the store is mapped (:func:`~.lmdbfile.walk`). Raises CacheError when a name
     in packed/ is not fastload's, StoreDamaged when the store is damaged and not repaired,
     StoreFault when LMDB cannot open it.
     """
     try:
         if cache_dir.read_only is not None:
-            return _open_read_only(cache_dir), False
+            return _open_read_only(cache_dir, pages=not repair), False
         return _open(cache_dir, check=check, repair=repair)
     except Foreign as exc:
         raise CacheError(
@@ -208,14 +211,14 @@ def _open(cache_dir: CacheDir, *, check: bool, repair: bool) -> tuple[Env, bool]
                 "objects are fetched again", cache_dir.path)
             remove_files(fd)
             clear_marks(fd)
-        held, remade = _checked_env(cache_dir, repair=repair)
+        held, remade = _checked_env(cache_dir, repair=repair, pages=not repair)
     if dead:  # their commits are sound, only not flushed yet
         held.env.sync(True)
         clear_marks(fd, dead)
     return held, crashed or remade
 
 
-def _checked_env(cache_dir: CacheDir, *, repair: bool) -> tuple[Env, bool]:
+def _checked_env(cache_dir: CacheDir, *, repair: bool, pages: bool = False) -> tuple[Env, bool]:
     """The environment, opened after its file was checked; a damaged store set aside and
     made anew when ``repair`` (whether it was)."""
     fd, path = cache_dir.packed_fd, cache_dir.packed_path()
@@ -224,7 +227,7 @@ def _checked_env(cache_dir: CacheDir, *, repair: bool) -> tuple[Env, bool]:
     try:
         held = _ENVS.get(ids[0])
         if held is None:
-            return _new_env(fd, path, ids), False
+            return _new_env(fd, path, ids, pages=pages), False
         held.guard.check()
         return held, False
     except StoreDamaged as exc:
@@ -261,13 +264,16 @@ def _remade(cache_dir: CacheDir, why: str, *, warn: bool) -> Env:
     return _new_env(fd, path, prepare_files(fd, path))
 
 
-def _new_env(fd: int, path: Path, ids: list[tuple[int, int]], *, read_only: bool = False) -> Env:
+def _new_env(fd: int, path: Path, ids: list[tuple[int, int]], *, read_only: bool = False,
+             pages: bool = False) -> Env:
     data = open_file(fd, "data.mdb", os.O_RDONLY, path)
     try:
         st = os.fstat(data)
         if (st.st_dev, st.st_ino) != ids[0]:
             raise Foreign(path / "data.mdb", "changed while it was opened (a file swapped for another)")
         header = read_header(data, path / "data.mdb")
+        if pages:
+            walk(data, path / "data.mdb")
         if read_only and header is None:
             raise StoreFault(errno.ENOENT, f"the packed store {path} is empty")
         env = _lmdb_open(fd, path, ids, header, read_only=read_only)
@@ -315,7 +321,7 @@ def _lmdb_open(fd: int, path: Path, ids: list[tuple[int, int]], header: Header |
     return env
 
 
-def _open_read_only(cache_dir: CacheDir) -> Env:
+def _open_read_only(cache_dir: CacheDir, *, pages: bool) -> Env:
     """The store of a directory this process cannot write, opened to read what it holds."""
     fd, path = cache_dir.packed_fd, cache_dir.packed_path()
     assert fd is not None
@@ -330,4 +336,4 @@ def _open_read_only(cache_dir: CacheDir) -> Env:
     if held is not None:
         held.guard.check()
         return held
-    return _new_env(fd, path, ids, read_only=True)  # type: ignore[arg-type]
+    return _new_env(fd, path, ids, read_only=True, pages=pages)  # type: ignore[arg-type]

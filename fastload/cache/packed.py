@@ -49,11 +49,10 @@ from typing import TypeVar
 
 import lmdb
 
-from fastload.cache import entry
+from fastload.cache import entry, lmdbenv
 from fastload.cache.cachedir import CacheDir
 from fastload.cache.entrystore import Status
 from fastload.cache.keys import digest
-from fastload.cache import lmdbenv
 from fastload.cache.lmdbenv import Env, StoreDamaged, StoreFault, open_env
 from fastload.cache.lmdbfile import lmdb_fault, walk
 from fastload.cache.safefs import open_file
@@ -125,12 +124,14 @@ class PackedStore:
         self._atimes: dict[bytes, int] = {}
         self._atimes_at = time.monotonic()
         self._env: Env | None = None
+        self.pages_checked = False
         try:
             self._env = self._open(check=True)
         except StoreFault as exc:
             self.problem = exc
         else:
             self.lru = lru and not self._env.read_only  # a read-only store notes no reads
+            self.pages_checked = not repair  # opened page by page (NOTE in lmdbfile)
 
     # -- the environment -----------------------------------------------------------------
 
@@ -144,6 +145,16 @@ class PackedStore:
 
     def _held(self) -> Env:
         """This process's environment, its file checked (StoreFault: the store is unusable)."""
+        held = self._env
+        if held is not None and not held.inherited:
+            guard = held.guard  # SizeGuard.check, inline: once per transaction
+            size = os.lseek(guard.fd, 0, os.SEEK_END)
+            if size == guard.size:
+                return held
+        return self._checked()
+
+    def _checked(self) -> Env:
+        """:meth:`_held` when the store is unusable, inherited at a fork, or changed in size."""
         held = self._env
         if held is None:
             assert self.problem is not None
@@ -166,8 +177,11 @@ class PackedStore:
 
     def check_pages(self) -> int:
         """Check every page of the store without mapping it (:func:`~fastload.cache.lmdbfile.walk`);
-        pages checked. Raises StoreDamaged (and the store is not used again) when one is wrong."""
+        pages checked (0 when the open checked them). Raises StoreDamaged (and the store is
+        not used again) when one is wrong."""
         self._held()
+        if self.pages_checked:
+            return 0
         fd = open_file(self.cache_dir.packed_fd, "data.mdb", os.O_RDONLY, self.path)  # type: ignore[arg-type]
         try:
             return walk(fd, self.path / "data.mdb")

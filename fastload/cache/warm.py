@@ -31,7 +31,13 @@ from fastload.cache.build import open_cache
 from fastload.cache.disk import DiskTier
 from fastload.cache.warm_pipeline import Breaker, fill_shared
 from fastload.cache.warm_report import GIVE_UP_AFTER_S, MAX_FAILURES, WarmReport
-from fastload.errors import CacheError, ConfigError, FastloadError, ObjectNotFoundError, OriginUnavailableError
+from fastload.errors import (
+    CacheError,
+    ConfigError,
+    FastloadError,
+    ObjectNotFoundError,
+    OriginUnavailableError,
+)
 from fastload.io.fetch import default_jobs
 from fastload.io.origin import is_unavailable
 from fastload.io.storage import Storage

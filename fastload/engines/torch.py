@@ -129,7 +129,7 @@ def _close_open_engines() -> None:
     for engine in list(_OPEN):
         try:
             engine.close()
-        except Exception as exc:  # an exit hook must not fail the exit
+        except Exception as exc:  # noqa: BLE001 - an exit hook must not fail the exit
             logger.debug("closing a loader's workers at exit failed: %s", exc)
 
 
