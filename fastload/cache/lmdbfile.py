@@ -50,8 +50,10 @@ DATA_VERSION = 1
 OWN_DATABASES = frozenset({b"entries", b"atimes", b"meta"})
 
 _PAGE = struct.Struct("<QHHHH")  # pgno, pad, flags, lower, upper (16 bytes: PAGEHDRSZ)
-_META = struct.Struct("<IIQQ48s48sQQ")  # magic, version, address, mapsize, free db, main db, last page, txnid
-_DB = struct.Struct("<IHHQQQQQ")  # pad (free db: page size), flags, depth, branch, leaf, overflow, entries, root
+# magic, version, address, map size, free db, main db, last page, txnid
+_META = struct.Struct("<IIQQ48s48sQQ")
+# pad (free db: the page size), flags, depth, branch, leaf and overflow pages, entries, root
+_DB = struct.Struct("<IHHQQQQQ")
 _NODE = struct.Struct("<HHHH")  # lo, hi, flags, key size (8 bytes: NODESIZE)
 _PGNO = struct.Struct("<Q")
 _OVERFLOW_PAGES = struct.Struct("<I")
@@ -272,13 +274,15 @@ class _Walk:
             raise self.bad(pgno, f"has its node {i} of {size} bytes running past the page")
         if name == "main":
             if key not in OWN_DATABASES or not flags & F_SUBDATA or size != _DB.size:
-                raise StoreDamaged(self.path, f"it holds a database {key!r} fastload never makes",
+                shown = repr(key.decode(errors="replace"))
+                raise StoreDamaged(self.path, f"it holds databases fastload never makes ({shown})",
                                    foreign=True)
             self.databases.append((key.decode(), bytes(raw[end:end + size])))
         elif name == "free" and size >= _PGNO.size:
             count = _PGNO.unpack_from(raw, end)[0]
+            listed = raw[end + _PGNO.size:end + _PGNO.size * (count + 1)]
             if count * _PGNO.size > size - _PGNO.size or any(
-                    p > self.header.last_page for (p,) in _PGNO.iter_unpack(raw[end + 8:end + 8 + 8 * count])):
+                    p > self.header.last_page for (p,) in _PGNO.iter_unpack(listed)):
                 raise self.bad(pgno, f"lists free pages that are not in the store (node {i})")
 
 

@@ -55,13 +55,13 @@ from fastload.cache.entrystore import Status
 from fastload.cache.keys import digest
 from fastload.cache.lmdbenv import Env, StoreDamaged, StoreFault, open_env
 from fastload.cache.lmdbfile import lmdb_fault, walk
+from fastload.cache.packedrecord import FILE_MAGIC, accounted, is_pointer, pointer, record_key
 from fastload.cache.safefs import open_file
 
 logger = logging.getLogger(__name__)
 
 FILE_MIN = 1 << 20
 """Objects of this many bytes or more get a file each (page-sized copies gain nothing)."""
-FILE_MAGIC = b"FLPF"
 LOW_WATER = 0.9
 ATIMES_PENDING = 4096
 ATIMES_EVERY_S = 5.0
@@ -74,31 +74,6 @@ __all__ = ["FILE_MIN", "IN_FILE", "PackedStore", "Status", "StoreDamaged", "Stor
 
 IN_FILE = object()
 """What :meth:`PackedStore.get` returns for a large object: read its entry file."""
-
-
-def is_pointer(blob: bytes | memoryview) -> bool:
-    """Whether a record points to an entry file (a large object) instead of holding the value."""
-    return blob[:4] == FILE_MAGIC
-
-
-def pointer(key: str, file_bytes: int) -> bytes:
-    """The record that indexes a large object's entry file of ``file_bytes`` bytes."""
-    raw = key.encode("utf-8", "surrogatepass")
-    return FILE_MAGIC + struct.pack("<IQQ", len(raw), file_bytes, 0) + raw
-
-
-def accounted(blob: bytes | memoryview) -> int:
-    """Bytes a record counts in ``used``: its length, or the pointed-to file's size."""
-    if is_pointer(blob):
-        return struct.unpack_from("<Q", blob, 8)[0]
-    return len(blob)
-
-
-def record_key(blob: bytes | memoryview) -> str:
-    """The cache key a record names (CorruptEntry if its header is unreadable)."""
-    if is_pointer(blob):
-        blob = entry.PACKED_MAGIC + bytes(blob[4:])
-    return entry.packed_header(blob)[0]
 
 
 class PackedStore:
