@@ -234,20 +234,20 @@ def _checked_env(cache_dir: CacheDir, *, repair: bool, pages: bool = False) -> t
         if not repair or exc.foreign:
             raise
         try:
-            return _remade(cache_dir, exc.why, warn=True), True
+            return _remade(cache_dir, exc.why, warn=True)[0], True
         except OSError as err:  # cannot be moved (permissions...): it is not used
             logger.debug("disk cache %s: cannot set the damaged store aside: %s", cache_dir.path, err)
             raise exc from None
 
 
-def remake(cache_dir: CacheDir) -> Env:
+def remake(cache_dir: CacheDir) -> tuple[Env, Path]:
     """Set the packed store aside (found damaged by ``fastload cache verify``) and open an
-    empty one, under the index lock."""
+    empty one, under the index lock; the new environment and where the old files went."""
     with cache_dir.index_lock(INDEX_TIMEOUT_S):
         return _remade(cache_dir, "", warn=False)
 
 
-def _remade(cache_dir: CacheDir, why: str, *, warn: bool) -> Env:
+def _remade(cache_dir: CacheDir, why: str, *, warn: bool) -> tuple[Env, Path]:
     fd, path = cache_dir.packed_fd, cache_dir.packed_path()
     assert fd is not None
     ids = file_ids(fd)
@@ -261,7 +261,7 @@ def _remade(cache_dir: CacheDir, why: str, *, warn: bool) -> Env:
             "store made, so its objects are fetched again. Delete the damaged copy with "
             "`fastload cache verify %s --drop` (or empty the cache: `fastload cache clear %s`)",
             cache_dir.path, why, where, cache_dir.path, cache_dir.path)
-    return _new_env(fd, path, prepare_files(fd, path))
+    return _new_env(fd, path, prepare_files(fd, path)), where
 
 
 def _new_env(fd: int, path: Path, ids: list[tuple[int, int]], *, read_only: bool = False,

@@ -145,11 +145,11 @@ def read_header(fd: int, path: Path) -> Header | None:
         return None
     first = os.pread(fd, _HEADER_BYTES, 0)
     if len(first) < _HEADER_BYTES:
-        raise StoreDamaged(path, f"it is {size} bytes, shorter than LMDB's header (cut short or overwritten)")
+        raise StoreDamaged(path, f"cut short or overwritten: {size} bytes, less than LMDB's header")
     page_size, last0, txn0, map0, free0, main0 = _meta(first, 0, path)
     second = os.pread(fd, _HEADER_BYTES, page_size)
     if len(second) < _HEADER_BYTES:
-        raise StoreDamaged(path, f"it is {size} bytes, shorter than LMDB's two header pages (cut short)")
+        raise StoreDamaged(path, f"cut short: {size} bytes, less than LMDB's two header pages")
     size1, last1, txn1, map1, free1, main1 = _meta(second, 1, path)
     if size1 != page_size:
         raise StoreDamaged(path, f"its header pages disagree on the page size ({page_size}, {size1})")
@@ -157,8 +157,8 @@ def read_header(fd: int, path: Path) -> Header | None:
     header = Header(page_size, max(last0, last1, 1), newer[2], (newer[0], newer[1]))
     size = os.fstat(fd).st_size  # after the header: a commit writes its pages, then its meta
     if size < header.needed:
-        raise StoreDamaged(path, f"it is {size} bytes but its header needs {header.needed} "
-                                 f"({header.last_page + 1} pages of {page_size}): cut short")
+        raise StoreDamaged(path, f"cut short: {size} bytes where its header needs {header.needed} "
+                                 f"({header.last_page + 1} pages of {page_size} bytes)")
     return header
 
 
@@ -184,7 +184,7 @@ class SizeGuard:
     def changed(self, size: int) -> None:
         """The file is ``size`` bytes now, not :attr:`size`: check it against its header."""
         if size < self.size:
-            raise StoreDamaged(self.path, f"it was cut from {self.size} to {size} bytes while in use")
+            raise StoreDamaged(self.path, f"cut short while in use: from {self.size} to {size} bytes")
         read_header(self.fd, self.path)
         self.size = size
 

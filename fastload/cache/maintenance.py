@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastload.cache import entry
@@ -96,10 +97,12 @@ def verify(tier: DiskTier, *, drop: bool = False) -> CorruptReport:
     report = CorruptReport()
     cache_dir, store = tier.cache_dir, tier.store
     if isinstance(store, PackedFormatStore):
-        if _store_sound(store, report, drop=drop):
+        remade = _store_sound(store, report, drop=drop)
+        if remade is not None:
             _verify_packed(store, report, drop=drop)
         for copy in damaged_copies(cache_dir):
-            report.damaged.append((str(copy.path), f"a damaged packed store set aside ({copy.size} bytes)"))
+            if copy.path != remade:  # the one just set aside is reported as the store
+                report.damaged.append((str(copy.path), f"a damaged packed store set aside ({copy.size} bytes)"))
             if drop:
                 report.foreign += [(str(f.path), f.foreign or "") for f in remove_damaged(cache_dir, copy.name)]
     for found in cache_dir.entries.walk():
@@ -140,28 +143,28 @@ def _drop_file(store: FileStore, name: str) -> None:
         logger.warning("disk cache %s: cannot delete %s (%s)", store.cache_dir.path, name, exc)
 
 
-def _store_sound(store: PackedFormatStore, report: CorruptReport, *, drop: bool) -> bool:
+def _store_sound(store: PackedFormatStore, report: CorruptReport, *, drop: bool) -> Path | None:
     """Whether the LMDB store can be read record by record: its file whole and every page
-    sound (checked without mapping it). A damaged one is reported, and with ``drop`` set
-    aside (deleted with the other copies) for an empty one; one not fastload's is foreign."""
+    sound (checked without mapping it); None if not. A damaged one is reported, and with
+    ``drop`` set aside (deleted with the other copies) for an empty one: then where it went.
+    One not fastload's is foreign."""
     records = store.records
     if records.problem is None:
         with contextlib.suppress(StoreDamaged):
             records.check_pages()
     problem = records.problem
     if problem is None:
-        return True
+        return records.path  # no copy has this name
     where = str(records.path / "data.mdb")
     if isinstance(problem, StoreDamaged) and problem.foreign:
         report.foreign.append((where, f"{problem.why}; not fastload's, never used"))
     elif isinstance(problem, StoreDamaged):
         report.damaged.append((where, problem.why))
         if drop:
-            records.remake()
-            return True
+            return records.remake()
     else:
         report.damaged.append((where, f"it cannot be opened: {problem}"))
-    return False
+    return None
 
 
 def _verify_packed(store: PackedFormatStore, report: CorruptReport, *, drop: bool) -> None:

@@ -45,6 +45,7 @@ import os
 import struct
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 import lmdb
@@ -165,14 +166,15 @@ class PackedStore:
         finally:
             os.close(fd)
 
-    def remake(self) -> None:
+    def remake(self) -> Path:
         """Set the store aside as damaged and start an empty one (``verify --drop``, ``clear``);
-        never for a store fastload did not make."""
+        where the damaged one went. Never for a store fastload did not make."""
         if isinstance(self.problem, StoreDamaged) and self.problem.foreign:
             raise self.problem
-        held = lmdbenv.remake(self.cache_dir)
+        held, where = lmdbenv.remake(self.cache_dir)
         self._reindex_files(held)
         self._env, self.problem = held, None
+        return where
 
     def _reindex_files(self, held: Env) -> None:
         """Point to every large object's entry file (after the store was made anew)."""
