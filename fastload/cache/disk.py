@@ -74,7 +74,7 @@ logger = logging.getLogger(__name__)
 
 LOCK_STRIPES = 4096
 
-__all__ = ["INDEX_TIMEOUT_S", "LOCK_STRIPES", "DiskTier"]
+__all__ = ["INDEX_TIMEOUT_S", "LOCK_STRIPES", "DiskTier", "read_only"]
 
 
 class DiskTier(Tier):
@@ -389,6 +389,13 @@ class DiskTier(Tier):
         """The counters every process has recorded in ``stats.json`` (plus this one's unflushed)."""
         self.flush_puts()
         return maintenance.recorded_stats(self)
+
+
+def read_only(directory: str | os.PathLike[str]) -> str | None:
+    """Why this process cannot write the cache directory (created if missing, as a tier
+    would), or None; opens nothing else (``fastload cache warm`` asks before it starts)."""
+    path = Path(os.path.expanduser(os.fspath(directory))).absolute()
+    return CacheDir(path, create=True).read_only
 
 
 def _reopen_disk_tier(directory: str, size: int | str | None, policy: Policy, format: DiskFormat) -> DiskTier:

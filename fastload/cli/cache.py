@@ -31,7 +31,7 @@ from rich.progress import (
 from rich.table import Table
 
 from fastload.cache.config import CacheConfig, transcode_spec
-from fastload.cache.disk import DiskTier
+from fastload.cache.disk import DiskTier, read_only
 from fastload.cache.warm_report import MAX_FAILURES, WarmReport, parse_shard
 from fastload.errors import CacheError, ConfigError, OriginUnavailableError
 
@@ -103,9 +103,9 @@ def warm_command(url: str, directory: str, jobs: int | None, shard: str, disk_si
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--shard") from exc
     transcode = _transcode(max_side, quality)
-    read_only = DiskTier(directory, size=disk_size, repair=False).read_only
-    if read_only is not None:  # said here in one line, before the tier's warning
-        raise CacheError(f"cannot warm: {directory} is read-only ({read_only}), so nothing could "
+    why = read_only(directory)
+    if why is not None:  # said here in one line, before the tier's warning
+        raise CacheError(f"cannot warm: {directory} is read-only ({why}), so nothing could "
                          "be stored; give a cache directory this process can write")
     config = CacheConfig(disk=directory, disk_size=disk_size, policy=policy, redis=redis,
                          prefetch=False, transcode=transcode)
