@@ -276,8 +276,8 @@ class DiskTier(Tier):
             try:
                 stored = self.store.put_group([items[i] for i in group], self.budget)
             except LockTimeout:
-                self.health.warn_once("lock", "disk cache %s: index lock busy for %ss; entry not stored",
-                                self.directory, INDEX_TIMEOUT_S)
+                self.health.warn_once("lock", "disk cache %s: index lock busy for %ss; entry not "
+                                      "stored", self.directory, INDEX_TIMEOUT_S)
                 self.stats.rejected += len(group)
                 continue
             except OSError as exc:
