@@ -383,3 +383,21 @@ def test_a_cache_this_user_may_not_write_is_read(warmed, unprivileged):
     assert json.loads(run.stdout.splitlines()[-1])["misses"] == IMAGES
     assert run.stderr.count("disk cache ") == 1 and "may not write it" in run.stderr
     assert "cannot open the packed store" in run.stderr
+
+
+@pytest.mark.timeout(300)
+def test_an_immutable_cache_directory_is_read(warmed):
+    root, cache = warmed
+    chattr = shutil.which("chattr")
+    if chattr is None:
+        pytest.skip("needs chattr (e2fsprogs)")
+    dirs = [str(cache), str(cache / "packed")]
+    made = subprocess.run([chattr, "+i", *dirs], capture_output=True, text=True, check=False)
+    if made.returncode != 0:
+        pytest.skip(f"this filesystem has no immutable flag: {made.stderr.strip()}")
+    try:
+        code, counts, err = train(root, cache)
+    finally:
+        subprocess.run([chattr, "-i", *dirs], check=True)
+    assert code == 0 and counts["hits"] == IMAGES and "Traceback" not in err, err
+    assert err.count("disk cache ") == 1 and "an immutable directory" in err
