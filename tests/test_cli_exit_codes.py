@@ -142,6 +142,13 @@ def test_an_unreachable_origin_exits_1_saying_to_run_again(tmp_path):
     assert "cannot warm s3://bucket/train" in run.stderr and "run the same command again" in run.stderr
 
 
+def _sigint_default() -> None:
+    """In the child before it runs: SIGINT handled by default. A test run started in the
+    background of a non-interactive shell ignores SIGINT, and a child inherits that: Python
+    then never turns it into KeyboardInterrupt and the warm runs to a normal exit 0."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _warm_until_progress(data: Path, cache: Path) -> subprocess.Popen:
     """A warm of ``data`` over a slow store (1 s a request, one at a time: 30 s for 30 files),
     returned once it printed a progress line with files done ("warm: 4/30 files, ..."; one
@@ -152,6 +159,7 @@ def _warm_until_progress(data: Path, cache: Path) -> subprocess.Popen:
         [FASTLOAD, "cache", "warm", f"latency::file://{data}", "--cache", str(cache),
          "--jobs", "1", "-o", 'latency={"latency": 1.0}'],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_sigint_default,  # noqa: PLW1509 - no thread of this test runs at the fork
     )
     assert warm.stderr is not None
     for line in warm.stderr:

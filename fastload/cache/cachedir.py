@@ -78,6 +78,9 @@ LOCK_NAME = re.compile(r"[0-9a-f]{3}\.lock")
 PACKED_FILES = ("data.mdb", "lock.mdb")  # LMDB's two files
 UNSYNCED = "unsynced-"  # NOTE [packed durability] in fastload/cache/packedsync.py
 PACKED_NAME = re.compile(r"data\.mdb|lock\.mdb|unsynced-[0-9a-f-]{36}-\d+")
+# NOTE [a store is checked before it is mapped] in fastload/cache/lmdbfile.py: a damaged packed
+# store is moved, whole, into a directory of this name next to packed/ (never deleted there).
+DAMAGED_NAME = re.compile(r"packed\.damaged-\d{8}T\d{6}-[0-9a-f]{4}")
 _SMALL_FILE = 1 << 16  # the marker, used, stats.json
 INDEX_TIMEOUT_S = 30.0  # how long the disk tier and its stores wait for the index lock
 
@@ -108,6 +111,8 @@ class CacheDir:
         self.entries = EntryFiles(self.path / "entries", entries, self._tmp)
         self.format: str = FORMATS[self.marker["format"]]
         self.packed_fd: int | None = self._subdir(PACKED) if self.format == "packed" else None
+        self.read_only: str | None = self._read_only()
+        """Why nothing can be written here (a read-only filesystem...), or None."""
         self._mutex = threading.Lock()
         after_fork(self, CacheDir._reset_after_fork)  # NOTE [locks across fork]
 
@@ -115,7 +120,26 @@ class CacheDir:
         """In a forked child: the index mutex a parent's thread may have held is new."""
         self._mutex = threading.Lock()
 
+    @property
+    def root_fd(self) -> int:
+        """The descriptor of the directory itself (names below it are opened relative to it)."""
+        return self._root
+
     # -- opening ---------------------------------------------------------------------------
+
+    def _read_only(self) -> str | None:
+        """Why this process cannot write the directory (or packed/), in words; None if it can."""
+        for fd in (self._root, self.packed_fd):
+            if fd is None:
+                continue
+            try:
+                if os.fstatvfs(fd).f_flag & os.ST_RDONLY:
+                    return "its filesystem is mounted read-only"
+                if not os.access(".", os.W_OK, dir_fd=fd):
+                    return "this process may not write it: permissions or an immutable directory"
+            except OSError as exc:
+                return f"it cannot be checked for writing ({exc.strerror})"
+        return None
 
     def _open_root(self, create: bool) -> int:
         try:
@@ -347,7 +371,9 @@ class CacheDir:
         """The foreign names in the root, tmp/, locks/ and packed/; fastload's temp files too."""
         own = OWN_NAMES if self.packed_fd is not None else OWN_NAMES - {PACKED}
         for name in listing(self._root):
-            if name not in own and not name.startswith(TEMP_PREFIX):
+            damaged = (self.packed_fd is not None and DAMAGED_NAME.fullmatch(name)
+                       and describe(self._root, name) == "a directory")  # listed by verify
+            if name not in own and not name.startswith(TEMP_PREFIX) and not damaged:
                 yield Found(self.path / name, name, foreign=f"{describe(self._root, name)} fastload did not make")
         for name in listing(self._tmp):
             found = classify(self._tmp, name, self.path / "tmp", lambda n: n.startswith(TEMP_PREFIX))

@@ -29,6 +29,11 @@ NOTE [disk tier across processes]
   :mod:`.writebehind`); this process sees it at once, other processes after the flush.
 * A full disk (ENOSPC, EDQUOT, EFBIG) or, under policy "keep", an exhausted budget makes the
   tier pass-through in that process: one warning, reads go to the origin, training goes on.
+* A cache fails open (NOTE [a store is checked before it is mapped] in :mod:`.lmdbfile`): a
+  directory this process cannot write is read as it is and nothing is stored; a packed
+  store that is damaged is set aside and made anew when the tier opens, and one that cannot
+  be used (damaged and not repaired, not fastload's, cut while in use) is not read: one
+  warning each, naming the directory and what to do; reads go to the origin.
 * Nothing is read, written or deleted through a symlink or in a directory fastload did not
   make (NOTE [a cache directory holds only fastload's files]); such names are misses here.
 
@@ -44,7 +49,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import multiprocessing.util
 import os
@@ -53,13 +57,13 @@ from pathlib import Path
 from typing import Any
 
 from fastload.cache import maintenance
-from fastload.cache.cachedir import INDEX_TIMEOUT_S, CacheDir, Foreign, Found, LockTimeout
+from fastload.cache.cachedir import INDEX_TIMEOUT_S, CacheDir, Found, LockTimeout
 from fastload.cache.config import DISK_FORMATS, POLICIES, DiskFormat, Policy, parse_size
+from fastload.cache.diskhealth import Health
 from fastload.cache.diskstats import StatsRecorder
 from fastload.cache.entrystore import Damaged, EntryStore, Status
 from fastload.cache.filestore import FileStore
 from fastload.cache.keys import digest
-from fastload.cache.lmdbenv import StoreFault
 from fastload.cache.packed import FILE_MIN
 from fastload.cache.packedformat import PackedFormatStore
 from fastload.cache.tier import Tier, TierStats
@@ -69,9 +73,8 @@ from fastload.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 LOCK_STRIPES = 4096
-_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
-__all__ = ["INDEX_TIMEOUT_S", "LOCK_STRIPES", "DiskTier"]
+__all__ = ["INDEX_TIMEOUT_S", "LOCK_STRIPES", "DiskTier", "read_only"]
 
 
 class DiskTier(Tier):
@@ -87,10 +90,14 @@ class DiskTier(Tier):
         create: False to open only an existing cache (the command line's stats/verify/clear).
         format: "packed" or "files" (NOTE [cache formats]); None = the directory's, and
             "packed" for a new one. Another format than the directory's is a ConfigError.
+        repair: set a damaged packed store aside and make an empty one, with one warning (False:
+            leave it as it is and do not use it, without a warning: ``store.problem`` and
+            ``read_only`` say why, for ``fastload cache stats|verify|clear`` to report).
 
     Attributes:
         cache_dir: the opened directory (:class:`~fastload.cache.cachedir.CacheDir`).
         store: its entries, in the store of its format (:mod:`.entrystore`).
+        read_only: why this process cannot write the directory, or None.
         recorder: adds this process's counters to the directory's stats.json.
         budget: the byte budget in effect.
         budget_source: "disk_size" when some process gave one, else "default".
@@ -107,6 +114,7 @@ class DiskTier(Tier):
         policy: Policy = "keep",
         create: bool = True,
         format: DiskFormat | None = None,
+        repair: bool = True,
     ) -> None:
         super().__init__()
         if policy not in POLICIES:
@@ -126,22 +134,30 @@ class DiskTier(Tier):
                 f"for a cache of format {format!r}"
             )
         lru = policy == "lru"
-        self.store: EntryStore = (PackedFormatStore(self.cache_dir, lru=lru) if self.format == "packed"
-                                  else FileStore(self.cache_dir, lru=lru))
-        if budget is not None:
+        self.store: EntryStore = (PackedFormatStore(self.cache_dir, lru=lru, repair=repair)
+                                  if self.format == "packed" else FileStore(self.cache_dir, lru=lru))
+        self.read_only = self.cache_dir.read_only
+        if budget is not None and self.read_only is None:
             self._record_budget(budget)
         recorded = self.cache_dir.marker.get("budget")
         self.budget_source = "default" if budget is None and recorded is None else "disk_size"
         if budget is None:
             budget = recorded if recorded is not None else self.cache_dir.marker["default_size"]
         self.budget: int = budget
-        self._passthrough = False
-        self._warned: set[str] = set()
+        self.health = Health(self.directory, self.read_only)  # NOTE [a cache fails open]
+        self.health.opened(self.store.problem, warn=repair)
         # NOTE [write-behind]: one buffer per process and directory, shared by its tiers
         self._pending = pending_puts(str(self.directory))
         self._defer_below = FILE_MIN if self.format == "packed" else 0
         self.recorder = StatsRecorder(self.cache_dir, self.stats)
         multiprocessing.util.Finalize(self, self.recorder.flush, exitpriority=10)
+
+    @property
+    def cannot_store(self) -> str | None:
+        """Why this tier stores nothing at all (read-only, its store unusable), or None."""
+        if self.read_only is not None:
+            return f"{self.directory} is read-only ({self.read_only})"
+        return None if self.store.problem is None else f"{self.directory}: {self.store.problem}"
 
     def __reduce__(self):  # reopened in each process (workers), with fresh counters
         return (_reopen_disk_tier, (str(self.directory), self._size_arg, self.policy, self.format))
@@ -169,24 +185,24 @@ class DiskTier(Tier):
     def get(self, key: str) -> bytes | None:
         pending = self._pending
         value = pending.get(key) if pending.values or pending.flushing else None  # NOTE [write-behind]
-        if value is None:
+        if value is None and self.health.reads:
             try:
                 value = self.store.read(key)
             except Damaged as exc:
                 self._drop(key, exc)
             except OSError as exc:  # Foreign too: a symlink is never read through
-                self._warn_read(exc)
+                self.health.read_failed(exc)
         return self._counted(value)
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """:meth:`get` of each key; format "packed": one read transaction for all (a batch)."""
         pending = self._pending
         out = [pending.get(k) for k in keys] if pending else [None] * len(keys)
-        asked = [i for i, value in enumerate(out) if value is None]
+        asked = [i for i, value in enumerate(out) if value is None] if self.health.reads else []
         try:
             found = self.store.read_many([keys[i] for i in asked]) if asked else []
         except OSError as exc:
-            self._warn_read(exc)
+            self.health.read_failed(exc)
             found = [None] * len(asked)
         for i, value in zip(asked, found):
             out[i] = self._drop(keys[i], value) if isinstance(value, Damaged) else value
@@ -203,13 +219,11 @@ class DiskTier(Tier):
         return value
 
     def _drop(self, key: str, exc: Damaged) -> None:
-        """A damaged entry: counted, dropped with a warning, then read as a miss."""
+        """A damaged entry: counted, dropped with a warning (kept in a read-only directory),
+        then read as a miss."""
         self.stats.corrupt += 1
-        logger.warning("dropping corrupt cache entry %s (%s) at %s; it is fetched again", key, exc.why, exc.where)
-        self.delete(key)
-
-    def _warn_read(self, exc: OSError) -> None:
-        self._warn_once("read", "disk cache %s cannot be read (%s); reading the origin", self.directory, exc)
+        if self.health.corrupt(key, exc.why, exc.where):
+            self.delete(key)
 
     def contains(self, key: str) -> bool:
         """Whether a complete entry of ``key`` is there: header and file size, no checksum."""
@@ -220,9 +234,9 @@ class DiskTier(Tier):
         pending = self._pending
         buffered = [pending.get(k) is not None for k in keys] if pending else None  # looked at first
         try:
-            found = self.store.contains_many(keys)
+            found = self.store.contains_many(keys) if self.health.reads else [False] * len(keys)
         except OSError as exc:
-            self._warn_read(exc)
+            self.health.read_failed(exc)
             found = [False] * len(keys)
         return found if buffered is None else [f or b for f, b in zip(found, buffered)]
 
@@ -238,7 +252,7 @@ class DiskTier(Tier):
         """
         if len(value) >= self._defer_below:
             self.put(key, value)
-        elif self._passthrough:
+        elif not self.health.writes:
             self.stats.rejected += 1
         else:
             self._pending.add(key, value, self._store_deferred)
@@ -256,18 +270,19 @@ class DiskTier(Tier):
         items = list(items)
         results = [False] * len(items)
         for group in self.store.groups([len(value) for _, value in items]):
-            if self._passthrough:
+            if not self.health.writes:
                 self.stats.rejected += len(group)
                 continue
             try:
                 stored = self.store.put_group([items[i] for i in group], self.budget)
             except LockTimeout:
-                self._warn_once("lock", "disk cache %s: index lock busy for %ss; entry not stored",
-                                self.directory, INDEX_TIMEOUT_S)
+                self.health.warn_once("lock", "disk cache %s: index lock busy for %ss; entry not "
+                                      "stored", self.directory, INDEX_TIMEOUT_S)
                 self.stats.rejected += len(group)
                 continue
             except OSError as exc:
-                self._fault(exc, len(group))
+                self.stats.rejected += len(group)
+                self.health.write_failed(exc)
                 continue
             stats = self.stats
             for i, (status, n) in zip(group, stored):
@@ -287,7 +302,7 @@ class DiskTier(Tier):
             return True
         if status == "exists":
             return True
-        if status == "full" and not self._passthrough:
+        if status == "full" and self.health.writes:
             self._exhausted(self.store.used(), n)
         else:
             self.stats.rejected += 1
@@ -295,45 +310,17 @@ class DiskTier(Tier):
 
     def _exhausted(self, used: int, n: int) -> None:
         self.stats.rejected += 1
-        if n > self.budget:
-            return  # one oversized object; the tier stays useful for the others
-        self._passthrough = True
-        self._warn_once(
-            "full",
-            "disk cache %s is full (%d of %d bytes used); policy 'keep' keeps what it has and "
-            "reads of other objects go to the origin. Raise disk_size to cache more",
-            self.directory, used, self.budget,
-        )
-
-    def _fault(self, exc: OSError, puts: int) -> None:
-        self.stats.rejected += puts
-        if exc.errno in _FULL_ERRNOS or isinstance(exc, StoreFault):
-            self._passthrough = True
-            self._warn_once(
-                "nospace",
-                "disk cache %s cannot write (%s); it is now pass-through: reads go to the "
-                "origin and training goes on. Free space or lower disk_size",
-                self.directory, exc,
-            )
-        elif isinstance(exc, Foreign):
-            self._warn_once(
-                "foreign", "disk cache %s: %s; entry not stored (see `fastload cache verify %s`)",
-                self.directory, exc, self.directory,
-            )
-        else:
-            self._warn_once("write", "disk cache %s cannot write (%s); entry not stored", self.directory, exc)
-
-    def _warn_once(self, what: str, msg: str, *args: object) -> None:
-        if what not in self._warned:
-            self._warned.add(what)
-            logger.warning(msg, *args)
+        if n <= self.budget:  # one oversized object: the tier stays useful for the others
+            self.health.full(used, self.budget)
 
     def delete(self, key: str) -> None:
         self._pending.discard(key)
+        if not self.health.writes:
+            return
         try:
             self.store.drop(key)
         except (OSError, LockTimeout) as exc:
-            self._warn_once("drop", "disk cache %s: cannot delete %s (%s)", self.directory, key, exc)
+            self.health.warn_once("drop", "disk cache %s: cannot delete %s (%s)", self.directory, key, exc)
 
     def keys(self) -> Iterator[str]:
         self.flush_puts()
@@ -347,16 +334,20 @@ class DiskTier(Tier):
     @contextlib.contextmanager
     def _stripe_lock(self, name: str, timeout: float) -> Iterator[bool]:
         with contextlib.ExitStack() as held:
+            if self.read_only is not None:  # nothing is stored: nobody waits for this fetch
+                yield False
+                return
             try:
                 got = held.enter_context(self.cache_dir.lock(name, timeout))
             except OSError as exc:  # a foreign lock file: fetch without the lock
-                self._warn_once("lockfile", "disk cache %s: cannot use a lock file (%s); fetching without it", self.directory, exc)
+                self.health.warn_once("lockfile", "disk cache %s: cannot use a lock file (%s); fetching without it", self.directory, exc)
                 got = False
             yield got
 
     def close(self) -> None:
         self.flush_puts()
-        self.recorder.flush()
+        if self.read_only is None:
+            self.recorder.flush()
         try:
             self.store.flush()
         except OSError as exc:
@@ -398,6 +389,13 @@ class DiskTier(Tier):
         """The counters every process has recorded in ``stats.json`` (plus this one's unflushed)."""
         self.flush_puts()
         return maintenance.recorded_stats(self)
+
+
+def read_only(directory: str | os.PathLike[str]) -> str | None:
+    """Why this process cannot write the cache directory (created if missing, as a tier
+    would), or None; opens nothing else (``fastload cache warm`` asks before it starts)."""
+    path = Path(os.path.expanduser(os.fspath(directory))).absolute()
+    return CacheDir(path, create=True).read_only
 
 
 def _reopen_disk_tier(directory: str, size: int | str | None, policy: Policy, format: DiskFormat) -> DiskTier:

@@ -49,6 +49,10 @@ class EntryStore(Protocol):
     description: str
     """The format in a few words, for ``fastload cache stats``."""
 
+    problem: OSError | None
+    """Why the store cannot be used at all (a damaged LMDB store...), or None: the tier then
+    reads the origin and stores nothing."""
+
     def read(self, key: str) -> bytes | None:
         """The validated value of ``key``; None when missing (or another key's: a hash collision).
 
@@ -82,8 +86,8 @@ class EntryStore(Protocol):
     def used(self) -> int:
         """Bytes of the entries, as the store counts them against the budget."""
 
-    def rescan(self) -> tuple[int, int]:
-        """Recount entries and bytes, store the count in ``used``; (entries, bytes)."""
+    def rescan(self, *, write: bool = True) -> tuple[int, int]:
+        """Recount entries and bytes, store the count in ``used`` (if ``write``); (entries, bytes)."""
 
     def flush(self) -> None:
         """Put what this process wrote on disk (the tier closes)."""

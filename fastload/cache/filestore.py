@@ -103,11 +103,12 @@ class FileStore:
     """
 
     description = "one file per entry"
+    problem = None  # files are checked one by one, as they are read
 
     def __init__(self, cache_dir: CacheDir, *, lru: bool) -> None:
         self.cache_dir = cache_dir
         self.files = cache_dir.entries
-        self.lru = lru
+        self.lru = lru and cache_dir.read_only is None  # a read touches its file
 
     def read(self, key: str) -> bytes | None:
         return read_file(self.files, key, touch=self.lru)
@@ -186,8 +187,12 @@ class FileStore:
         used = self.cache_dir.read_used()
         return used if used is not None else sum(f.size for f in self.entries())
 
-    def rescan(self) -> tuple[int, int]:
-        """Recount entries and bytes from the files and store the count; (entries, bytes)."""
+    def rescan(self, *, write: bool = True) -> tuple[int, int]:
+        """Recount entries and bytes from the files and store the count (if ``write``);
+        (entries, bytes)."""
+        if not write:
+            sizes = [f.size for f in self.entries()]
+            return len(sizes), sum(sizes)
         with self.cache_dir.index_lock(INDEX_TIMEOUT_S):
             sizes = [f.size for f in self.entries()]
             self.cache_dir.write_used(sum(sizes))

@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastload.cache import entry
@@ -34,9 +35,11 @@ from fastload.cache.cachedir import Foreign, LockTimeout
 from fastload.cache.diskstats import STATS_FILE, load_stats
 from fastload.cache.filestore import FileStore, misnamed
 from fastload.cache.keys import digest
-from fastload.cache.packed import accounted, is_pointer, record_key
+from fastload.cache.packed import StoreDamaged, accounted, is_pointer, record_key
 from fastload.cache.packedformat import PackedFormatStore
+from fastload.cache.packedsync import damaged_copies, remove_damaged
 from fastload.cache.tier import TierStats
+from fastload.errors import CacheError
 
 if TYPE_CHECKING:
     from fastload.cache.disk import DiskTier
@@ -51,37 +54,57 @@ class CorruptReport:
     """What ``verify`` found: entries checked, their bytes, the corrupt ones, the foreign names.
 
     ``corrupt`` holds ``("<key> (<path>)", why)``; ``foreign`` holds ``(path, what it is)``
-    for every name fastload did not make (symlinks included), which is never touched.
+    for every name fastload did not make (symlinks included), which is never touched;
+    ``damaged`` holds ``(path, why)`` for a packed store whose file is damaged, and for each
+    damaged store set aside by an earlier process (``packed.damaged-<time>``).
     """
 
     checked: int = 0
     bytes: int = 0
     corrupt: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     foreign: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    damaged: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
 
 @dataclass
 class ClearReport:
-    """What ``clear`` did: entries and bytes deleted, and the names it left alone (and why)."""
+    """What ``clear`` did: entries and bytes deleted, the damaged stores deleted (paths), and
+    the names it left alone (and why)."""
 
     entries: int = 0
     bytes: int = 0
     foreign: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    damaged: list[str] = dataclasses.field(default_factory=list)
 
 
 def rescan(tier: DiskTier) -> tuple[int, int]:
-    """Recount entries and bytes (files, or the packed store's records) and store the count;
-    (entries, bytes)."""
-    return tier.store.rescan()
+    """Recount entries and bytes (files, or the packed store's records) and store the count
+    (unless the directory is read-only); (entries, bytes)."""
+    return tier.store.rescan(write=tier.read_only is None)
+
+
+def _writable(tier: DiskTier, doing: str) -> None:
+    if tier.read_only is not None:
+        raise CacheError(f"cannot {doing} {tier.directory}: it is read-only ({tier.read_only}); "
+                         "run this where the cache directory can be written")
 
 
 def verify(tier: DiskTier, *, drop: bool = False) -> CorruptReport:
     """Check every entry's header, size and checksum, and that its key digests to its file
     name; name the corrupt ones (deleted if ``drop``) and every foreign name (never deleted)."""
+    if drop:
+        _writable(tier, "delete entries of")
     report = CorruptReport()
     cache_dir, store = tier.cache_dir, tier.store
     if isinstance(store, PackedFormatStore):
-        _verify_packed(store, report, drop=drop)
+        remade = _store_sound(store, report, drop=drop)
+        if remade is not None:
+            _verify_packed(store, report, drop=drop)
+        for copy in damaged_copies(cache_dir):
+            if copy.path != remade:  # the one just set aside is reported as the store
+                report.damaged.append((str(copy.path), f"a damaged packed store set aside ({copy.size} bytes)"))
+            if drop:
+                report.foreign += [(str(f.path), f.foreign or "") for f in remove_damaged(cache_dir, copy.name)]
     for found in cache_dir.entries.walk():
         if found.foreign is not None:
             report.foreign.append((str(found.path), found.foreign))
@@ -118,6 +141,30 @@ def _drop_file(store: FileStore, name: str) -> None:
         store.drop_entry(name)
     except (OSError, LockTimeout) as exc:
         logger.warning("disk cache %s: cannot delete %s (%s)", store.cache_dir.path, name, exc)
+
+
+def _store_sound(store: PackedFormatStore, report: CorruptReport, *, drop: bool) -> Path | None:
+    """Whether the LMDB store can be read record by record: its file whole and every page
+    sound (checked without mapping it); None if not. A damaged one is reported, and with
+    ``drop`` set aside (deleted with the other copies) for an empty one: then where it went.
+    One not fastload's is foreign."""
+    records = store.records
+    if records.problem is None:
+        with contextlib.suppress(StoreDamaged):
+            records.check_pages()
+    problem = records.problem
+    if problem is None:
+        return records.path  # no copy has this name
+    where = str(records.path / "data.mdb")
+    if isinstance(problem, StoreDamaged) and problem.foreign:
+        report.foreign.append((where, f"{problem.why}; not fastload's, never used"))
+    elif isinstance(problem, StoreDamaged):
+        report.damaged.append((where, problem.why))
+        if drop:
+            return records.remake()
+    else:
+        report.damaged.append((where, f"it cannot be opened: {problem}"))
+    return None
 
 
 def _verify_packed(store: PackedFormatStore, report: CorruptReport, *, drop: bool) -> None:
@@ -165,12 +212,29 @@ def _file_problem(store: PackedFormatStore, key: str) -> str | None:
 
 def clear(tier: DiskTier) -> ClearReport:
     """Delete every entry, stale temporary file and the recorded counters; leave the rest."""
+    _writable(tier, "clear")
     tier.recorder.flush()
     report = ClearReport()
     cache_dir, store = tier.cache_dir, tier.store
     packed = isinstance(store, PackedFormatStore)
     if isinstance(store, PackedFormatStore):
-        report.entries, report.bytes, _ = store.records.clear()
+        if store.records.problem is None:  # its pages checked before LMDB walks them
+            with contextlib.suppress(StoreDamaged):
+                store.records.check_pages()
+        problem = store.records.problem
+        if problem is not None and not isinstance(problem, StoreDamaged):
+            raise CacheError(f"cannot clear {tier.directory}: {problem}")
+        if isinstance(problem, StoreDamaged) and problem.foreign:
+            report.foreign.append((str(store.records.path / "data.mdb"), f"{problem.why}; not fastload's"))
+        else:
+            if problem is not None:
+                store.records.remake()
+            report.entries, report.bytes, _ = store.records.clear()
+        for copy in damaged_copies(cache_dir):
+            left = remove_damaged(cache_dir, copy.name)
+            report.foreign += [(str(f.path), f.foreign or "") for f in left]
+            if not left:
+                report.damaged.append(str(copy.path))
     with cache_dir.index_lock(_LOCK_TIMEOUT_S):
         left = 0
         for found in cache_dir.entries.walk():
@@ -220,6 +284,7 @@ def summary(tier: DiskTier) -> dict[str, Any]:
         "bytes": used,
         "budget": tier.budget,
         "budget_source": tier.budget_source,
+        "read_only": tier.read_only,
         **dataclasses.asdict(recorded),
         "hit_rate": recorded.hits / lookups if lookups else None,
     }

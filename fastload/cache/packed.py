@@ -24,6 +24,10 @@ same header, magic ``FLPF``, no value. So this store is the one index of the dir
   anew in a forked child (NOTE [one LMDB environment per process] in :mod:`.lmdbenv`).
 * Commits are not flushed; NOTE [packed durability] in :mod:`.packedsync` says what a
   crash can do and how the next process notices.
+* The file is checked before it is mapped and before each transaction (NOTE [a store is
+  checked before it is mapped] in :mod:`.lmdbfile`). A store that cannot be used (damaged
+  and not repaired, not fastload's, LMDB failing to open it) leaves the instance without an
+  environment: :attr:`PackedStore.problem` says why and every call raises it.
 
 Example::
 
@@ -36,26 +40,29 @@ Example::
 
 from __future__ import annotations
 
-import errno
 import logging
+import os
 import struct
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 import lmdb
 
-from fastload.cache import entry
+from fastload.cache import entry, lmdbenv
 from fastload.cache.cachedir import CacheDir
 from fastload.cache.entrystore import Status
 from fastload.cache.keys import digest
-from fastload.cache.lmdbenv import Env, StoreFault, open_env
+from fastload.cache.lmdbenv import Env, StoreDamaged, StoreFault, open_env
+from fastload.cache.lmdbfile import lmdb_fault, walk
+from fastload.cache.packedrecord import FILE_MAGIC, accounted, is_pointer, pointer, record_key
+from fastload.cache.safefs import open_file
 
 logger = logging.getLogger(__name__)
 
 FILE_MIN = 1 << 20
 """Objects of this many bytes or more get a file each (page-sized copies gain nothing)."""
-FILE_MAGIC = b"FLPF"
 LOW_WATER = 0.9
 ATIMES_PENDING = 4096
 ATIMES_EVERY_S = 5.0
@@ -63,36 +70,11 @@ _USED = b"used"
 _NANOS = struct.Struct("<Q")
 T = TypeVar("T")
 
-__all__ = ["FILE_MIN", "IN_FILE", "PackedStore", "Status", "StoreFault", "accounted", "is_pointer",
-           "pointer", "record_key"]
+__all__ = ["FILE_MIN", "IN_FILE", "PackedStore", "Status", "StoreDamaged", "StoreFault", "accounted",
+           "is_pointer", "pointer", "record_key"]
 
 IN_FILE = object()
 """What :meth:`PackedStore.get` returns for a large object: read its entry file."""
-
-
-def is_pointer(blob: bytes | memoryview) -> bool:
-    """Whether a record points to an entry file (a large object) instead of holding the value."""
-    return blob[:4] == FILE_MAGIC
-
-
-def pointer(key: str, file_bytes: int) -> bytes:
-    """The record that indexes a large object's entry file of ``file_bytes`` bytes."""
-    raw = key.encode("utf-8", "surrogatepass")
-    return FILE_MAGIC + struct.pack("<IQQ", len(raw), file_bytes, 0) + raw
-
-
-def accounted(blob: bytes | memoryview) -> int:
-    """Bytes a record counts in ``used``: its length, or the pointed-to file's size."""
-    if is_pointer(blob):
-        return struct.unpack_from("<Q", blob, 8)[0]
-    return len(blob)
-
-
-def record_key(blob: bytes | memoryview) -> str:
-    """The cache key a record names (CorruptEntry if its header is unreadable)."""
-    if is_pointer(blob):
-        blob = entry.PACKED_MAGIC + bytes(blob[4:])
-    return entry.packed_header(blob)[0]
 
 
 class PackedStore:
@@ -101,36 +83,103 @@ class PackedStore:
     Args:
         cache_dir: an opened directory of format "packed".
         lru: note reads and evict the least recently read records when a put needs room.
+        repair: set a damaged store aside and make an empty one (False: report it, for
+            ``fastload cache verify``).
+
+    Attributes:
+        problem: why the store cannot be used (a StoreFault; StoreDamaged when its file is
+            damaged or not fastload's), or None.
     """
 
-    def __init__(self, cache_dir: CacheDir, *, lru: bool) -> None:
+    def __init__(self, cache_dir: CacheDir, *, lru: bool, repair: bool = True) -> None:
         self.cache_dir = cache_dir
         self.lru = lru
         self.path = cache_dir.packed_path()
+        self.repair = repair
+        self.problem: StoreFault | None = None
         self._atimes: dict[bytes, int] = {}
         self._atimes_at = time.monotonic()
-        self._env = self._open(check=True)
+        self._env: Env | None = None
+        self.pages_checked = False
+        try:
+            self._env = self._open(check=True)
+        except StoreFault as exc:
+            self.problem = exc
+        else:
+            self.lru = lru and not self._env.read_only  # a read-only store notes no reads
+            self.pages_checked = not repair  # opened page by page (NOTE in lmdbfile)
 
     # -- the environment -----------------------------------------------------------------
 
     def _open(self, *, check: bool) -> Env:
         """This process's environment (:func:`~fastload.cache.lmdbenv.open_env`); the large
         objects' files indexed again when the store was made anew."""
-        held, remade = open_env(self.cache_dir, check=check)
+        held, remade = open_env(self.cache_dir, check=check, repair=self.repair)
         if remade:
             self._reindex_files(held)
         return held
 
     def _held(self) -> Env:
-        if self._env.inherited:  # a forked child: its own environment, no checks
-            self._atimes.clear()
-            self._env = self._open(check=False)
-        return self._env
+        """This process's environment, its file checked (StoreFault: the store is unusable)."""
+        held = self._env
+        if held is not None and not held.inherited:
+            guard = held.guard  # SizeGuard.check, inline: once per transaction
+            size = os.lseek(guard.fd, 0, os.SEEK_END)
+            if size == guard.size:
+                return held
+        return self._checked()
+
+    def _checked(self) -> Env:
+        """:meth:`_held` when the store is unusable, inherited at a fork, or changed in size."""
+        held = self._env
+        if held is None:
+            assert self.problem is not None
+            raise self.problem
+        try:
+            if held.inherited:  # a forked child: its own environment, no crash marks
+                self._atimes.clear()
+                held = self._env = self._open(check=False)
+            held.guard.check()
+        except StoreFault as exc:
+            raise self._fault(exc) from None
+        return held
+
+    def _fault(self, exc: lmdb.Error | StoreFault, doing: str = "read") -> StoreFault:
+        """``exc`` as a StoreFault; a damaged store is not used again by this instance."""
+        fault = exc if isinstance(exc, StoreFault) else lmdb_fault(exc, self.path, doing)
+        if isinstance(fault, StoreDamaged) or self._env is None:
+            self._env, self.problem = None, fault
+        return fault
+
+    def check_pages(self) -> int:
+        """Check every page of the store without mapping it (:func:`~fastload.cache.lmdbfile.walk`);
+        pages checked (0 when the open checked them). Raises StoreDamaged (and the store is
+        not used again) when one is wrong."""
+        self._held()
+        if self.pages_checked:
+            return 0
+        fd = open_file(self.cache_dir.packed_fd, "data.mdb", os.O_RDONLY, self.path)  # type: ignore[arg-type]
+        try:
+            return walk(fd, self.path / "data.mdb")
+        except StoreDamaged as exc:
+            raise self._fault(exc) from None
+        finally:
+            os.close(fd)
+
+    def remake(self) -> Path:
+        """Set the store aside as damaged and start an empty one (``verify --drop``, ``clear``);
+        where the damaged one went. Never for a store fastload did not make."""
+        if isinstance(self.problem, StoreDamaged) and self.problem.foreign:
+            raise self.problem
+        held, where = lmdbenv.remake(self.cache_dir)
+        self._reindex_files(held)
+        self._env, self.problem = held, None
+        return where
 
     def _reindex_files(self, held: Env) -> None:
         """Point to every large object's entry file (after the store was made anew)."""
         files = self.cache_dir.entries
-        with held.env.begin(write=True) as txn:
+        with held.env.begin(write=True) as txn:  # a new, empty store: nothing to check
             used = 0
             for found in files.walk():
                 if found.foreign is not None or found.size < FILE_MIN:
@@ -160,7 +209,7 @@ class PackedStore:
                     return None
                 value = IN_FILE if is_pointer(blob) else entry.decode_packed(blob, expect_key=key)
         except lmdb.Error as exc:
-            raise StoreFault(errno.EIO, f"cannot read the packed store {self.path}: {exc}") from exc
+            raise self._fault(exc) from exc
         if self.lru:
             self._note_read(d)
         return value
@@ -182,7 +231,7 @@ class PackedStore:
                     except (entry.CorruptEntry, entry.KeyMismatch) as exc:
                         out.append(exc)
         except lmdb.Error as exc:
-            raise StoreFault(errno.EIO, f"cannot read the packed store {self.path}: {exc}") from exc
+            raise self._fault(exc) from exc
         if self.lru:
             for d, value in zip(ds, out):
                 if value is not None and not isinstance(value, Exception):
@@ -198,7 +247,7 @@ class PackedStore:
                 found = [txn.get(d) for d in ds]
                 return [IN_FILE if b is not None and is_pointer(b) else b is not None for b in found]
         except lmdb.Error as exc:
-            raise StoreFault(errno.EIO, f"cannot read the packed store {self.path}: {exc}") from exc
+            raise self._fault(exc) from exc
 
     def _note_read(self, d: bytes) -> None:
         self._atimes[d] = time.time_ns()
@@ -208,14 +257,20 @@ class PackedStore:
     def used(self) -> int:
         """Bytes of records and pointed-to files, as committed."""
         held = self._held()
-        with held.env.begin(db=held.meta) as txn:
-            return int(txn.get(_USED) or 0)
+        try:
+            with held.env.begin(db=held.meta) as txn:
+                return int(txn.get(_USED) or 0)
+        except lmdb.Error as exc:
+            raise self._fault(exc) from exc
 
     def records(self) -> Iterator[tuple[bytes, bytes]]:
         """Every (digest, record) stored, in digest order (one read transaction)."""
         held = self._held()
-        with held.env.begin(db=held.entries) as txn:
-            yield from txn.cursor()
+        try:
+            with held.env.begin(db=held.entries) as txn:
+                yield from txn.cursor()
+        except lmdb.Error as exc:
+            raise self._fault(exc) from exc
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -231,7 +286,10 @@ class PackedStore:
                         txn.put(d, _NANOS.pack(t), db=held.atimes)
             return write(held, txn)
 
-        result = held.commit(with_atimes, flush=flush)
+        try:
+            result = held.commit(with_atimes, flush=flush)
+        except StoreFault as exc:
+            raise self._fault(exc) from exc
         self._atimes_at = time.monotonic()
         return result
 
@@ -321,18 +379,30 @@ class PackedStore:
 
         return self._commit(write, flush=True)
 
-    def rescan(self) -> tuple[int, int]:
-        """Recount records and bytes and store the count in ``used``; (records, bytes)."""
+    def rescan(self, *, write: bool = True) -> tuple[int, int]:
+        """Recount records and bytes and store the count in ``used`` if it was wrong (and
+        ``write``); (records, bytes)."""
+        held = self._held()
+        try:
+            with held.env.begin(db=held.entries) as txn:
+                sizes = [accounted(rec) for _, rec in txn.cursor()]
+                right = int(txn.get(_USED, db=held.meta) or 0) == sum(sizes)
+        except lmdb.Error as exc:
+            raise self._fault(exc) from exc
+        if not write or right:
+            return len(sizes), sum(sizes)
 
-        def write(held: Env, txn: lmdb.Transaction) -> tuple[int, int]:
+        def recount(held: Env, txn: lmdb.Transaction) -> tuple[int, int]:
             sizes = [accounted(rec) for _, rec in txn.cursor(db=held.entries)]
             txn.put(_USED, b"%d" % sum(sizes), db=held.meta)
             return len(sizes), sum(sizes)
 
-        return self._commit(write)
+        return self._commit(recount)
 
     def flush(self) -> None:
         """Write the pending atimes and put every commit of this process on disk."""
+        if self._env is None or self._env.read_only:
+            return
         held = self._held()
         if self._atimes:
             self._commit(lambda held, txn: None, flush=True)

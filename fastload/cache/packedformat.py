@@ -48,6 +48,7 @@ class PackedFormatStore:
     Args:
         cache_dir: the opened directory (of format "packed").
         lru: note reads and evict the least recently read entries when a put needs room.
+        repair: set a damaged LMDB store aside and make an empty one (False: report it).
 
     Attributes:
         records: the LMDB store of the records and pointers (``fastload cache verify`` and
@@ -56,10 +57,15 @@ class PackedFormatStore:
 
     description = f"LMDB, objects under {FILE_MIN >> 20} MiB; larger ones one file each"
 
-    def __init__(self, cache_dir: CacheDir, *, lru: bool) -> None:
+    def __init__(self, cache_dir: CacheDir, *, lru: bool, repair: bool = True) -> None:
         self.cache_dir = cache_dir
         self.files = cache_dir.entries
-        self.records = PackedStore(cache_dir, lru=lru)
+        self.records = PackedStore(cache_dir, lru=lru, repair=repair)
+
+    @property
+    def problem(self) -> OSError | None:
+        """Why the LMDB store cannot be used (:attr:`PackedStore.problem`), or None."""
+        return self.records.problem
 
     def read(self, key: str) -> bytes | None:
         d = entry.packed_digest(key)
@@ -148,8 +154,8 @@ class PackedFormatStore:
     def used(self) -> int:
         return self.records.used()
 
-    def rescan(self) -> tuple[int, int]:
-        return self.records.rescan()
+    def rescan(self, *, write: bool = True) -> tuple[int, int]:
+        return self.records.rescan(write=write)
 
     def flush(self) -> None:
         self.records.flush()

@@ -36,21 +36,30 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
+import secrets
 import stat
 import time
 from pathlib import Path
 
-from fastload.cache.cachedir import PACKED_FILES, PACKED_NAME, UNSYNCED
-from fastload.cache.safefs import Foreign, listing, open_file
+from fastload.cache.cachedir import DAMAGED_NAME, PACKED_FILES, PACKED_NAME, UNSYNCED, CacheDir
+from fastload.cache.safefs import Foreign, Found, listing, open_dir, open_file
 
 logger = logging.getLogger(__name__)
 
 SYNC_EVERY_S = 5.0
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
+BOOT_ID_ENV = "FASTLOAD_BOOT_ID"
+"""For tests only: a boot id (36 hex digits and dashes) that stands for this boot's, to
+make a process believe the machine rebooted since another one ran."""
+_BOOT_ID_FORM = re.compile(r"[0-9a-f-]{36}")
 
 
 def boot_id() -> str:
     """This boot's id (Linux's random boot id; elsewhere the boot time, as 36 hex digits)."""
+    override = os.environ.get(BOOT_ID_ENV, "")
+    if _BOOT_ID_FORM.fullmatch(override):
+        return override
     try:
         with open(_BOOT_ID) as f:
             return f.read().strip()
@@ -136,6 +145,68 @@ def clear_marks(packed_fd: int, names: list[str] | None = None) -> None:
     """Remove the marks ``names`` (all of them if None: the store they were about is gone)."""
     for name in _marks(packed_fd) if names is None else names:
         _remove(packed_fd, name)
+
+
+def set_aside(cache_dir: CacheDir) -> Path:
+    """Move LMDB's two files out of packed/ into a new ``packed.damaged-<time>-<hex>/`` next
+    to it, and remove the marks (they were about that store); where the files are now.
+
+    Call under the directory's index lock. Nothing is deleted: ``fastload cache verify
+    --drop`` and ``clear`` delete such a copy (:func:`remove_damaged`).
+    """
+    name = f"packed.damaged-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(2)}"
+    packed_fd = cache_dir.packed_fd
+    assert packed_fd is not None and DAMAGED_NAME.fullmatch(name)
+    os.mkdir(name, dir_fd=cache_dir.root_fd)
+    fd = open_dir(cache_dir.root_fd, name, cache_dir.path)
+    try:
+        for file in PACKED_FILES:
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISREG(os.stat(file, dir_fd=packed_fd, follow_symlinks=False).st_mode):
+                    os.rename(file, file, src_dir_fd=packed_fd, dst_dir_fd=fd)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.fsync(packed_fd)
+    clear_marks(packed_fd)
+    return cache_dir.path / name
+
+
+def damaged_copies(cache_dir: CacheDir) -> list[Found]:
+    """The damaged stores set aside in the cache directory, with their bytes."""
+    found = []
+    for name in listing(cache_dir.root_fd):
+        if not DAMAGED_NAME.fullmatch(name):
+            continue
+        try:
+            fd = open_dir(cache_dir.root_fd, name, cache_dir.path)
+        except OSError:
+            continue  # not a directory: walk_others lists it as foreign
+        try:
+            size = sum(os.stat(n, dir_fd=fd, follow_symlinks=False).st_size for n in listing(fd))
+        finally:
+            os.close(fd)
+        found.append(Found(cache_dir.path / name, name, size))
+    return found
+
+
+def remove_damaged(cache_dir: CacheDir, name: str) -> list[Found]:
+    """Delete the set-aside store ``name`` (LMDB's two regular files and the directory);
+    anything else in it stays, returned as foreign, and so does the directory then."""
+    fd = open_dir(cache_dir.root_fd, name, cache_dir.path)
+    left = []
+    try:
+        for file in listing(fd):
+            st = os.stat(file, dir_fd=fd, follow_symlinks=False)
+            if file in PACKED_FILES and stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                os.unlink(file, dir_fd=fd)
+            else:
+                left.append(Found(cache_dir.path / name / file, file, foreign="a name fastload did not put there"))
+    finally:
+        os.close(fd)
+    if not left:
+        os.rmdir(name, dir_fd=cache_dir.root_fd)
+    return left
 
 
 class SyncMarks:

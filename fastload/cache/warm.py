@@ -28,9 +28,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fastload.cache.build import open_cache
+from fastload.cache.disk import DiskTier
 from fastload.cache.warm_pipeline import Breaker, fill_shared
 from fastload.cache.warm_report import GIVE_UP_AFTER_S, MAX_FAILURES, WarmReport
-from fastload.errors import ConfigError, FastloadError, ObjectNotFoundError, OriginUnavailableError
+from fastload.errors import (
+    CacheError,
+    ConfigError,
+    FastloadError,
+    ObjectNotFoundError,
+    OriginUnavailableError,
+)
 from fastload.io.fetch import default_jobs
 from fastload.io.origin import is_unavailable
 from fastload.io.storage import Storage
@@ -84,6 +91,11 @@ def warm(
         raise ConfigError(
             f"cache warm needs a disk or Redis tier, got cache={cache!r}; pass a directory"
         )
+    stuck = [t.cannot_store for t in store.tiers if isinstance(t, DiskTier) and t.cannot_store]
+    if stuck and len(stuck) == sum(t.shared for t in store.tiers):
+        store.close()
+        raise CacheError(f"cannot warm: {stuck[0]}, so nothing could be stored; give a cache "
+                         "directory this process can write")
     if jobs is not None and jobs < 1:
         raise ConfigError(f"jobs must be at least 1, got {jobs}")
     if max_failures < 1:

@@ -31,11 +31,11 @@ from rich.progress import (
 from rich.table import Table
 
 from fastload.cache.config import CacheConfig, transcode_spec
-from fastload.cache.disk import DiskTier
+from fastload.cache.disk import DiskTier, read_only
 from fastload.cache.warm_report import MAX_FAILURES, WarmReport, parse_shard
 from fastload.cli.options import storage_options
 from fastload.cli.signals import stop_on_signals
-from fastload.errors import ConfigError, OriginUnavailableError
+from fastload.errors import CacheError, ConfigError, OriginUnavailableError
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -97,6 +97,10 @@ def warm_command(url: str, directory: str, jobs: int | None, shard: str, disk_si
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--shard") from exc
     transcode = _transcode(max_side, quality)
+    why = read_only(directory)
+    if why is not None:  # said here in one line, before the tier's warning
+        raise CacheError(f"cannot warm: {directory} is read-only ({why}), so nothing could "
+                         "be stored; give a cache directory this process can write")
     config = CacheConfig(disk=directory, disk_size=disk_size, policy=policy, redis=redis,
                          prefetch=False, transcode=transcode)
     derive = None
@@ -285,7 +289,12 @@ class _PlainProgress(_Tally):
 def stats_command(directory: str, as_json: bool) -> None:
     """Format, entries, bytes, budget, and the hits/misses recorded by the processes that used
     DIRECTORY."""
-    summary = DiskTier(directory, create=False).summary()
+    tier = DiskTier(directory, create=False, repair=False)
+    if tier.store.problem is not None:
+        click.echo(f"fastload: error: {directory}: {tier.store.problem}; {_REPAIR.format(d=directory)}", err=True)
+        raise click.exceptions.Exit(1)
+    summary = tier.summary()
+    tier.close()
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -293,7 +302,7 @@ def stats_command(directory: str, as_json: bool) -> None:
     for name, value in summary.items():
         if name == "directory":
             continue
-        if name in ("budget_source", "format_description"):
+        if name in ("budget_source", "format_description") or (name == "read_only" and value is None):
             continue
         if name == "format":
             shown = f"{value} ({summary['format_description']})"
@@ -317,15 +326,26 @@ def stats_command(directory: str, as_json: bool) -> None:
 def verify_command(directory: str, drop: bool, as_json: bool) -> None:
     """Check every entry; name the corrupt ones and the names fastload did not make (symlinks
     included, never followed or deleted); exit 1 if any."""
-    report = DiskTier(directory, create=False).verify(drop=drop)
-    ok = not report.corrupt and not report.foreign
+    tier = DiskTier(directory, create=False, repair=False)
+    report = tier.verify(drop=drop)
+    tier.close()
+    ok = not report.corrupt and not report.foreign and not report.damaged
     if as_json:
         click.echo(json.dumps({**report.__dict__, "ok": ok}, indent=2))
     else:
-        click.echo(
-            f"{report.checked} entries ({_human(report.bytes)}) checked, {len(report.corrupt)} corrupt, "
-            f"{len(report.foreign)} not fastload's"
-        )
+        if report.checked or not report.damaged:  # a damaged store alone: its one line says it
+            click.echo(
+                f"{report.checked} entries ({_human(report.bytes)}) checked, {len(report.corrupt)} corrupt, "
+                f"{len(report.foreign)} not fastload's"
+                + (f", {len(report.damaged)} damaged store(s)" if report.damaged else "")
+            )
+        for path, why in report.damaged:
+            copy = not path.endswith("data.mdb")  # a store an earlier process set aside
+            if drop:
+                done = " (deleted)" if copy else " (set aside and deleted; the store is empty now)"
+            else:
+                done = f"; {(_DELETE_COPY if copy else _REPAIR).format(d=directory)}"
+            click.echo(f"DAMAGED {path}: {why}{done}")
         for name, why in report.corrupt:
             click.echo(f"CORRUPT {name}: {why}" + (" (deleted)" if drop else ""))
         for path, what in report.foreign:
@@ -334,16 +354,25 @@ def verify_command(directory: str, drop: bool, as_json: bool) -> None:
         raise click.exceptions.Exit(1)
 
 
+_REPAIR = ("`fastload cache verify {d} --drop` or `fastload cache clear {d}` deletes it and starts an "
+           "empty store")
+_DELETE_COPY = "`fastload cache verify {d} --drop` deletes it"
+
+
 @cache.command("clear")
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print what was freed as JSON.")
 def clear_command(directory: str, as_json: bool) -> None:
     """Delete every entry of the cache in DIRECTORY (the directory itself stays); files that
     fastload did not make are left alone and listed."""
-    report = DiskTier(directory, create=False).clear()
+    tier = DiskTier(directory, create=False, repair=False)
+    report = tier.clear()
+    tier.close()
     if as_json:
         click.echo(json.dumps(report.__dict__))
         return
     click.echo(f"cleared {directory}: {report.entries} entries, {_human(report.bytes)} freed")
+    for path in report.damaged:
+        click.echo(f"DELETED {path}: a damaged packed store")
     for path, what in report.foreign:
         click.echo(f"LEFT {path}: {what}; not fastload's, so not deleted")

@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import logging
 import warnings
 import weakref
@@ -62,6 +63,7 @@ class TorchEngine(Engine):
         self._draws_like_torch = draws_like_torch
         self._private: torch.utils.data.DataLoader | None = None
         self._current: weakref.ref[Iterator[Any]] | None = None
+        _close_at_exit(self)
 
     @property
     def _loader(self) -> torch.utils.data.DataLoader:
@@ -161,6 +163,31 @@ def private_loader(
     if loader.batch_sampler is None:  # unbatched: the plan is the index sampler
         return torch.utils.data.dataloader.DataLoader(dataset, batch_size=None, sampler=plan, **settings)
     return torch.utils.data.dataloader.DataLoader(dataset, batch_sampler=plan, **settings)
+
+
+# NOTE [workers end at exit]
+# At interpreter exit torch does not stop a loader's workers (its shutdown is a no-op once its
+# own exit hook ran) and multiprocessing kills the daemonic ones, so a persistent worker never
+# runs its exit hooks: the disk cache's buffered puts are lost and its packed store keeps the
+# worker's crash mark, which makes the next boot throw the store away (NOTE [packed
+# durability] in fastload/cache/packedsync.py). Engines still open at exit are closed first:
+# this hook is registered after torch's (atexit runs the last registered first).
+_OPEN: weakref.WeakSet[TorchEngine] = weakref.WeakSet()
+
+
+def _close_at_exit(engine: TorchEngine) -> None:
+    if not _OPEN:
+        atexit.unregister(_close_open_engines)
+        atexit.register(_close_open_engines)
+    _OPEN.add(engine)
+
+
+def _close_open_engines() -> None:
+    for engine in list(_OPEN):
+        try:
+            engine.close()
+        except Exception as exc:  # noqa: BLE001 - an exit hook must not fail the exit
+            logger.debug("closing a loader's workers at exit failed: %s", exc)
 
 
 def _shut_down(iterator: Iterator[Any] | None) -> None:
