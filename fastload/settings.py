@@ -373,7 +373,10 @@ def resolve_settings(
             False, "auto", "torch's default kept: the dataset may change between epochs"
         )
 
-    note = getattr(dataset, "listing_note", None)
+    try:
+        note = getattr(dataset, "listing_note", None)
+    except Exception:  # noqa: BLE001 - a __getattr__ that raises for any name: no note
+        note = None
     return LoaderSettings(workers, pin, prefetch, persist, machine, probe, limit,
                           dataset_note=note if isinstance(note, str) else None)
 
