@@ -26,7 +26,7 @@ import functools
 import logging
 import random
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,7 +35,7 @@ import torch
 from PIL import Image
 
 from fastload.arguments import config_error
-from fastload.data import known_steps
+from fastload.data import draws, known_steps
 from fastload.data.pipeline import ImagePipeline, Normalize, Step
 from fastload.data.sampling import mix_seed
 from fastload.errors import ConfigError
@@ -52,6 +52,7 @@ logger = logging.getLogger(__name__)
 # from the seeded stream and may change that sample's augmentation.
 _RNG_LOCK = threading.Lock()
 _TORCH_STREAM, _PYTHON_STREAM, _NUMPY_STREAM = 1, 2, 3  # distinct seeds from one sample seed
+_AUGMENT_STREAM = 4  # the compiled augmentations' own generator (NOTE [augmentations draw ...])
 
 
 def run_seeded(fn: Callable[[Any], Any], value: Any, seed: int) -> Any:
@@ -114,6 +115,32 @@ class OnPIL:
         return self.fn(image)
 
 
+def augment_generator(seed: int) -> torch.Generator:
+    """The generator a sample's compiled augmentations draw from, in order, seeded from ``seed``
+    (NOTE [augmentations draw from the sample's generator] in :mod:`fastload.data.augment`)."""
+    return torch.Generator().manual_seed(mix_seed(seed, _AUGMENT_STREAM))
+
+
+@dataclass(frozen=True)
+class Augmented:
+    """A user's augmentation compiled by :mod:`fastload.data.augment`: fastload draws its
+    parameters from the sample's generator and runs torchvision's kernels on the tensor (a
+    PIL image, where the user's Compose had one, is taken as its uint8 tensor)."""
+
+    augment: Any  # a fastload.data.augment.Augment
+
+    @property
+    def name(self) -> str:
+        return str(self.augment.name)
+
+    def run(self, image: Any, generator: torch.Generator) -> Any:
+        return self.augment.apply(_uint8_tensor(image), generator)
+
+    def __call__(self, image: Any) -> Any:
+        """With the generator of seed 0 (what watching it for global draws needs)."""
+        return self.run(image, augment_generator(0))
+
+
 @dataclass(frozen=True)
 class Rest:
     """What is left of the user's transform: ``steps`` in order (picklable if they are)."""
@@ -121,9 +148,23 @@ class Rest:
     steps: tuple[Callable[[Any], Any], ...]
 
     def __call__(self, image: Any) -> Any:
+        return self.run(image, 0)
+
+    def run(self, image: Any, seed: int) -> Any:
+        """The steps on ``image``; compiled augmentations draw from ``seed``'s generator, one
+        generator shared in step order."""
+        generator: torch.Generator | None = None
         for step in self.steps:
-            image = step(image)
+            if isinstance(step, Augmented):
+                generator = generator if generator is not None else augment_generator(seed)
+                image = step.run(image, generator)
+            else:
+                image = step(image)
         return image
+
+
+def _run_rest(rest: Callable[[Any], Any], image: Any, seed: int) -> Any:
+    return rest.run(image, seed) if isinstance(rest, Rest) else rest(image)
 
 
 @dataclass(frozen=True)
@@ -177,7 +218,7 @@ class CompiledTransform:
         torch's global random generator",)``.
         """
         steps = getattr(self.rest, "steps", (self.rest,) if self.rest is not None else ())
-        return _global_draws(steps, self.pipeline.output_size or (64, 64))
+        return draws.global_draws(steps, self.pipeline.output_size or (64, 64), _RNG_LOCK, _name)
 
     def apply_rest(self, image: torch.Tensor | Image.Image, seed: int, *, seeded: bool = True) -> Any:
         """``rest`` then ``normalize`` on ``image``; the random draws are a function of ``seed``.
@@ -192,9 +233,10 @@ class CompiledTransform:
         """
         out: Any = image
         if self.rest is not None and not seeded:
-            out = _uint8_tensor(self.rest(image))
+            out = _uint8_tensor(_run_rest(self.rest, image, seed))
         elif self.rest is not None:
-            out = _uint8_tensor(run_seeded(self.rest, image, seed))  # a PIL image at the end (no ToTensor) comes back as uint8 CHW
+            run = functools.partial(_run_rest, self.rest, seed=seed)
+            out = _uint8_tensor(run_seeded(run, image, seed))  # a PIL image at the end (no ToTensor) comes back as uint8 CHW
         if self.normalize is not None:
             if not (isinstance(out, torch.Tensor) and out.dtype == torch.uint8):
                 raise ConfigError(
@@ -219,50 +261,9 @@ class CompiledTransform:
 def _name(step: Any) -> str:
     """A step's name for messages: its class, or a plain function's own name."""
     step = step.fn if isinstance(step, OnPIL) else step
+    if isinstance(step, Augmented):
+        return step.name
     return getattr(step, "__name__", None) or type(step).__name__
-
-
-def _generator_states() -> tuple[Any, ...]:
-    numpy_state = np.random.get_state()
-    return torch.get_rng_state(), random.getstate(), (numpy_state[1].copy(), *numpy_state[2:])
-
-
-def _moved(before: tuple[Any, ...], after: tuple[Any, ...]) -> list[str]:
-    """The global generators whose state changed between ``before`` and ``after``."""
-    moved = ["torch's"] if not torch.equal(before[0], after[0]) else []
-    moved += ["Python's"] if before[1] != after[1] else []
-    numpy_same = np.array_equal(before[2][0], after[2][0]) and before[2][1:] == after[2][1:]
-    return moved + ([] if numpy_same else ["numpy's"])
-
-
-def _global_draws(steps: Sequence[Callable[[Any], Any]], size: tuple[int, int]) -> tuple[str, ...]:
-    """NOTE [which steps draw]: run ``steps`` once on a test image, watching the generators."""
-    pixels = np.random.default_rng(0).integers(0, 256, (3, *size), dtype=np.uint8)  # its own generator
-    image: Any = torch.from_numpy(pixels)
-    found: list[str] = []
-    with _RNG_LOCK, torch.random.fork_rng(devices=[]):
-        python_state, numpy_state = random.getstate(), np.random.get_state()
-        try:
-            for step in steps:
-                name = _name(step)
-                before = _generator_states()
-                try:
-                    image = step(image)
-                except Exception as exc:  # a user's step, on an image it may not expect
-                    found.append(
-                        f"{name} may draw from a global random generator (it raised "
-                        f"{type(exc).__name__} on a {size[0]}x{size[1]} test image, so fastload "
-                        "could not watch it or the steps after it)"
-                    )
-                    break
-                moved = _moved(before, _generator_states())
-                if moved:
-                    plural = "s" if len(moved) > 1 else ""
-                    found.append(f"{name} draws from {' and '.join(moved)} global random generator{plural}")
-        finally:
-            random.setstate(python_state)
-            np.random.set_state(numpy_state)
-    return tuple(found)
 
 
 def _trailing_normalize(
@@ -290,6 +291,16 @@ def _trailing_normalize(
         unit = Normalize((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
         return start, unit, f"{name} -> Normalize(mean=0, std=1), {where}"
     return start, norm, f"Normalize(mean={norm.mean}, std={norm.std}) -> fastload Normalize, {where}"
+
+
+def _augment(step: Any, known: known_steps.Known | None) -> tuple[Any, str]:
+    """``step`` compiled by :mod:`fastload.data.augment` (imported only with torchvision), or
+    None and why not ("" for a step it does not know)."""
+    if known is None:
+        return None, ""
+    from fastload.data.augment import compile_augment
+
+    return compile_augment(step)
 
 
 def compile_transform(transform: Callable[[Any], Any], *, layout: str = "CHW") -> CompiledTransform:
@@ -340,8 +351,14 @@ def compile_transform(transform: Callable[[Any], Any], *, layout: str = "CHW") -
     pil = True  # what torchvision's ImageFolder hands the user's Compose: a PIL image
     for step in tail[:start]:
         kind, name = known_steps.conversion(step, known), type(step).__name__
+        augment, why = _augment(step, known)
         if kind == "noop":
             continue
+        elif augment is not None:
+            runnable.append(Augmented(augment))
+            shape = "the uint8 tensor of the PIL image it had" if pil else "the tensor"
+            notes.append(f"{name} -> fastload's draws from the sample's generator, torchvision's "
+                         f"kernels on {shape}")
         elif kind is not None:
             runnable.append(ToFloat() if kind == "float" else ToUint8Tensor())
             pil = False
@@ -349,14 +366,16 @@ def compile_transform(transform: Callable[[Any], Any], *, layout: str = "CHW") -
                 notes.append(f"{name} -> float in [0, 1]")
         elif pil:  # what torchvision's ImageFolder gives it; PIL's kernels are also the faster
             runnable.append(OnPIL(step))
-            because = f" ({why_not[id(step)]})" if why_not.get(id(step)) else ""
+            because = why_not.get(id(step)) or why
+            because = f" ({because})" if because else ""
             notes.append(f"{name} runs as-is on a PIL image, as before ToTensor{because}")
         else:
             runnable.append(step)
             pil = pil or known_steps.is_to_pil(step, known)
             floats = any(isinstance(r, ToFloat) or known_steps.makes_float(r, known) for r in runnable)
             dtype = "float" if floats else "uint8"
-            because = f" ({why_not[id(step)]})" if why_not.get(id(step)) else ""
+            because = why_not.get(id(step)) or why
+            because = f" ({because})" if because else ""
             if known_steps.normalize(step, known) is not None:  # only a last "to float + Normalize" moves
                 because = " on the host: steps run on floats before or after it"
             notes.append(f"{name} runs as-is on the {dtype} tensor{because}")

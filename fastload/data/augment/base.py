@@ -1,0 +1,53 @@
+"""What every compiled augmentation is: parameters fastload draws, torchvision's kernels.
+
+An :class:`Augment` stands for one torchvision (v1 or v2) or timm augmentation step. It draws
+its parameters from the per-sample :class:`torch.Generator` it is handed, with the same calls
+in the same order as torchvision's ``make_params``/``forward`` make on torch's global
+generator (so a generator seeded like ``torch.manual_seed(s)`` draws what torchvision would
+after ``torch.manual_seed(s)``), and calls ``torchvision.transforms.v2.functional``'s kernels
+with them. It never touches a global generator, so it can run on the threaded engine's pixel
+threads next to a training loop (NOTE [augmentations draw from the sample's generator]).
+
+Example::
+
+    >>> g = torch.Generator().manual_seed(7)
+    >>> out = ColorJitter("ColorJitter", (0.6, 1.4), None, None, None).apply(image, g)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Augment:
+    """A compiled augmentation; ``name`` is the user's step's class, for notes and messages."""
+
+    name: str
+
+    def apply(self, image: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        """``image`` (a CHW tensor, uint8 or float) augmented with parameters drawn from ``g``."""
+        raise NotImplementedError
+
+
+def chance(g: torch.Generator, p: float) -> bool:
+    """True with probability ``p``: torchvision's ``torch.rand(1) < p`` (its random-apply)."""
+    return bool(torch.rand(1, generator=g) < p)
+
+
+def uniform(g: torch.Generator, low: float, high: float) -> float:
+    """One float uniform in [low, high), as torchvision's ``torch.empty(1).uniform_(low, high)``."""
+    return float(torch.empty(1).uniform_(low, high, generator=g).item())
+
+
+def randint(g: torch.Generator, n: int) -> int:
+    """An int in [0, n), as torchvision's ``torch.randint(n, ())``."""
+    return int(torch.randint(n, (), generator=g))
+
+
+def pair(value: Any) -> tuple[float, float] | None:
+    """A (low, high) range as floats, or None."""
+    return None if value is None else (float(value[0]), float(value[1]))
