@@ -51,3 +51,19 @@ def randint(g: torch.Generator, n: int) -> int:
 def pair(value: Any) -> tuple[float, float] | None:
     """A (low, high) range as floats, or None."""
     return None if value is None else (float(value[0]), float(value[1]))
+
+
+@dataclass(frozen=True)
+class RandomApply(Augment):
+    """torchvision's RandomApply of compiled steps: all of them with probability ``p`` (one
+    ``torch.rand(1)`` draw first), else none."""
+
+    p: float
+    steps: tuple[Augment, ...]
+
+    def apply(self, image: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        if not chance(g, self.p):
+            return image
+        for step in self.steps:
+            image = step.apply(image, g)
+        return image

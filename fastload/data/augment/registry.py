@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastload.data.augment import auto, color, erasing
-from fastload.data.augment.base import Augment, pair
+from fastload.data.augment.base import Augment, RandomApply, pair
 
 Builder = Callable[[Any], Augment]
 
@@ -94,7 +94,18 @@ def _timm_erasing(step: Any) -> Augment:
     )
 
 
+def _random_apply(step: Any) -> Augment:
+    inner = []
+    for t in step.transforms:
+        augment, why = compile_augment(t)
+        if augment is None:
+            raise ValueError(f"its {type(t).__name__} is not compiled{f' ({why})' if why else ''}")
+        inner.append(augment)
+    return RandomApply(type(step).__name__, float(step.p), tuple(inner))
+
+
 _TORCHVISION: dict[str, Builder] = {
+    "RandomApply": _random_apply,
     "ColorJitter": _jitter,
     "RandomGrayscale": _chance("grayscale"),
     "RandomSolarize": _chance("solarize", "threshold"),
