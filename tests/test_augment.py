@@ -195,3 +195,24 @@ def test_timms_recipe_falls_back_naming_its_randaugment(jpeg_root):
     assert "RandomErasing" not in loader.backend_reason
     images, _ = next(iter(loader))
     assert images.shape == (8, 3, 32, 32)
+
+
+@pytest.mark.timeout(300)
+def test_batch_level_mixup_and_cutmix_on_fastload_batches(jpeg_root):
+    """v2.MixUp / v2.CutMix and timm's Mixup take fastload's (images, labels) batches as they
+    take torch's: on the CPU, and with device= on the device after the copy (examples/mixup.py)."""
+    ds = ImageFolder(jpeg_root, transform=RECIPES["reference"], seed=2)
+    classes = len(ds.classes)
+    devices = [None, torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    for device in devices:
+        loader = DataLoader(ds, batch_size=8, backend="threads", device=device, drop_last=True)
+        images, labels = next(iter(loader))
+        for mix in (T2.MixUp(num_classes=classes), T2.CutMix(num_classes=classes)):
+            mixed, soft = mix(images, labels)
+            assert mixed.shape == images.shape and mixed.device == images.device
+            assert soft.shape == (8, classes) and torch.allclose(soft.sum(1), torch.ones(8, device=soft.device))
+            assert not torch.equal(mixed, images)
+        timm_mixup = pytest.importorskip("timm.data.mixup")
+        mixer = timm_mixup.Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=classes, label_smoothing=0.1)
+        mixed, soft = mixer(images.clone(), labels)
+        assert mixed.shape == images.shape and soft.shape == (8, classes)
