@@ -16,6 +16,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 torchvision = pytest.importorskip("torchvision")
 import torchvision.transforms as T1
@@ -66,6 +67,20 @@ def test_v2_steps_draw_and_render_exactly_as_torchvision(name):
         assert torch.equal(mine, theirs(step, image, seed)), (name, seed)
         outputs.add(hash(mine.numpy().tobytes()))
     assert len(outputs) > 1  # it does draw
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", [n for n in V2_STEPS if "Erasing" not in n])
+def test_v2_steps_on_pil_images_are_torchvisions_pil_path(name):
+    """Where the user's Compose had a PIL image (before ToTensor), the compiled step runs
+    torchvision's PIL kernels on it: torchvision's ImageFolder's pixels exactly."""
+    step, pil = V2_STEPS[name], Image.fromarray(IMAGE.permute(1, 2, 0).numpy())
+    augment, why = compile_augment(step)
+    assert augment is not None, why
+    for seed in range(40):
+        mine = augment.apply(pil, torch.Generator().manual_seed(seed))
+        torch.manual_seed(seed)
+        assert isinstance(mine, Image.Image) and np.array_equal(np.asarray(mine), np.asarray(step(pil)))
 
 
 def ks_statistic(a: list[float], b: list[float]) -> float:

@@ -126,10 +126,10 @@ def test_train_transform_compiles_its_crop_and_runs_the_rest(jpeg_root):
     assert labels.tolist() == ref.targets[:8]
     sample = ds[SampleIndex(3, 7)][0]
     assert torch.equal(sample, ds[SampleIndex(3, 7)][0])  # seeded per sample
-    # Where torchvision's ImageFolder hands ColorJitter a PIL image, fastload runs torchvision's
-    # tensor kernels on its uint8 tensor (docs/transforms.md: the bound against PIL's).
+    # Where torchvision's ImageFolder hands ColorJitter a PIL image, fastload's compiled step
+    # gets one too (PIL's kernels); the torch engine hands it the decode's PIL image straight.
     assert any(n.startswith("ColorJitter -> fastload's draws") for n in ds.compiled.notes)
-    assert not ds.compiled.takes_pil
+    assert ds.compiled.takes_pil
     seed = ds.sample_seed(SampleIndex(3, 7))
     assert torch.equal(sample, ds.finish(ds.pipeline.run(ds.read_bytes(3), seed), seed))
     on_threads, _ = next(iter(DataLoader(ds, batch_size=8, backend="threads")))

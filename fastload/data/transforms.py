@@ -110,9 +110,14 @@ class OnPIL:
     fn: Callable[[Any], Any]
 
     def __call__(self, image: Any) -> Any:
-        if isinstance(image, torch.Tensor) and image.dtype == torch.uint8 and image.dim() == 3:
-            image = Image.fromarray(image.permute(1, 2, 0).numpy())  # lossless: RGB uint8
-        return self.fn(image)
+        return self.fn(_pil(image))
+
+
+def _pil(image: Any) -> Any:
+    """A uint8 CHW tensor as a PIL image (lossless: RGB uint8); anything else unchanged."""
+    if isinstance(image, torch.Tensor) and image.dtype == torch.uint8 and image.dim() == 3:
+        return Image.fromarray(image.permute(1, 2, 0).numpy())
+    return image
 
 
 def augment_generator(seed: int) -> torch.Generator:
@@ -124,16 +129,20 @@ def augment_generator(seed: int) -> torch.Generator:
 @dataclass(frozen=True)
 class Augmented:
     """A user's augmentation compiled by :mod:`fastload.data.augment`: fastload draws its
-    parameters from the sample's generator and runs torchvision's kernels on the tensor (a
-    PIL image, where the user's Compose had one, is taken as its uint8 tensor)."""
+    parameters from the sample's generator and runs torchvision's kernels; ``pil``: on a PIL
+    image (PIL's kernels), where the user's Compose had one, as torchvision's ImageFolder runs
+    it, else on the tensor."""
 
     augment: Any  # a fastload.data.augment.Augment
+    pil: bool = False
 
     @property
     def name(self) -> str:
         return str(self.augment.name)
 
     def run(self, image: Any, generator: torch.Generator) -> Any:
+        if self.pil:
+            return self.augment.apply(_pil(image), generator)
         return self.augment.apply(_uint8_tensor(image), generator)
 
     def __call__(self, image: Any) -> Any:
@@ -199,7 +208,7 @@ class CompiledTransform:
         """Whether ``rest`` starts with a step given a PIL image: then an engine may hand it
         ``pipeline.decode``'s PIL image instead of ``pipeline.run``'s tensor (no round trip)."""
         steps = self.rest.steps if isinstance(self.rest, Rest) else ()
-        return bool(steps) and isinstance(steps[0], OnPIL)
+        return bool(steps) and (isinstance(steps[0], OnPIL) or getattr(steps[0], "pil", False))
 
     @functools.cached_property
     def global_draws(self) -> tuple[str, ...]:
@@ -355,8 +364,8 @@ def compile_transform(transform: Callable[[Any], Any], *, layout: str = "CHW") -
         if kind == "noop":
             continue
         elif augment is not None:
-            runnable.append(Augmented(augment))
-            shape = "the uint8 tensor of the PIL image it had" if pil else "the tensor"
+            runnable.append(Augmented(augment, pil))
+            shape = "the PIL image, as before ToTensor" if pil else "the tensor"
             notes.append(f"{name} -> fastload's draws from the sample's generator, torchvision's "
                          f"kernels on {shape}")
         elif kind is not None:

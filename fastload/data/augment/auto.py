@@ -118,7 +118,7 @@ def apply_op(image: torch.Tensor, op: str, magnitude: float, interpolation: Any,
     if op == "Posterize":
         return F.posterize(image, bits=int(magnitude))
     if op == "Solarize":
-        bound = 255.0 if image.dtype == torch.uint8 else 1.0
+        bound = 1.0 if isinstance(image, torch.Tensor) and image.dtype.is_floating_point else 255.0
         return F.solarize(image, threshold=bound * magnitude)
     plain = {"AutoContrast": F.autocontrast, "Equalize": F.equalize, "Invert": F.invert}
     return plain[op](image)
@@ -139,7 +139,8 @@ class _Auto(Augment):
         names = tuple(space)
         name = names[randint(g, len(names))]
         fn, signed = space[name]
-        magnitudes = fn(bins, image.shape[-2], image.shape[-1])
+        height, width = F.get_size(image)
+        magnitudes = fn(bins, height, width)
         magnitude = 0.0 if magnitudes is None else _signed(g, float(magnitudes[pick()]), signed)
         return apply_op(image, name, magnitude, self.interpolation, self.fill)
 
@@ -174,7 +175,7 @@ class AutoAugment(_Auto):
     probability, its magnitude the policy's bin of 10, its sign drawn."""
 
     def apply(self, image: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        height, width = image.shape[-2], image.shape[-1]
+        height, width = F.get_size(image)
         for name, probability, bin_ in IMAGENET_POLICY[randint(g, len(IMAGENET_POLICY))]:
             if not torch.rand((), generator=g) <= probability:
                 continue
@@ -198,6 +199,7 @@ class AugMix(_Auto):
 
     def apply(self, image: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         space = AUGMIX_ALL if self.all_ops else AUGMIX_PARTIAL
+        original, image = image, F.to_image(image).as_subclass(torch.Tensor)  # PIL: mixed as a tensor
         dims = list(image.shape)
         batch = image.reshape([1] * max(4 - image.ndim, 0) + dims)
         shape = [batch.size(0)] + [1] * (batch.ndim - 1)
@@ -212,4 +214,5 @@ class AugMix(_Auto):
             for _ in range(depth):
                 aug = self.op(aug, g, space, 10, lambda: randint(g, self.severity))
             mix.add_(weights[:, i].reshape(shape) * aug)
-        return mix.reshape(dims).to(dtype=image.dtype)
+        mix = mix.reshape(dims).to(dtype=image.dtype)
+        return mix if isinstance(original, torch.Tensor) else F.to_pil_image(mix)

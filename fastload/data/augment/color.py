@@ -63,7 +63,7 @@ class Chance(Augment):
 
 def grayscale(image: torch.Tensor) -> torch.Tensor:
     """RandomGrayscale's kernel: grey with as many channels as the image has."""
-    return F.rgb_to_grayscale(image, num_output_channels=image.shape[-3])
+    return F.rgb_to_grayscale(image, num_output_channels=F.get_dimensions(image)[0])
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ class RandomErasing(Augment):
     def apply(self, image: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         if not chance(g, self.p):
             return image
+        image = F.to_image(image).as_subclass(torch.Tensor)  # a PIL image (v2 takes one) as its tensor
         c, img_h, img_w = image.shape[-3:]
         log_ratio = torch.log(torch.tensor(self.ratio))
         area = img_h * img_w
