@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from fastload.data.augment import auto, color, erasing
+from fastload.data.augment import auto, color, erasing, timm_rand
 from fastload.data.augment.base import Augment, RandomApply, pair
 
 Builder = Callable[[Any], Augment]
@@ -104,7 +104,7 @@ def _random_apply(step: Any) -> Augment:
     return RandomApply(type(step).__name__, float(step.p), tuple(inner))
 
 
-_TORCHVISION: dict[str, Builder] = {
+_TORCHVISION: dict[str, Builder] = {  # by class name, in torchvision.transforms and .v2
     "RandomApply": _random_apply,
     "ColorJitter": _jitter,
     "RandomGrayscale": _chance("grayscale"),
@@ -132,10 +132,12 @@ def _builders() -> dict[type, Builder]:
             cls = getattr(module, name, None) if module is not None else None
             if isinstance(cls, type):
                 found[cls] = build
-    timm = sys.modules.get("timm.data.random_erasing")
-    cls = getattr(timm, "RandomErasing", None) if timm is not None else None
-    if isinstance(cls, type):
-        found[cls] = _timm_erasing
+    for module_name, name, build in (("timm.data.random_erasing", "RandomErasing", _timm_erasing),
+                                      ("timm.data.auto_augment", "RandAugment", timm_rand.TimmRandAugment.of)):
+        module = sys.modules.get(module_name)
+        cls = getattr(module, name, None) if module is not None else None
+        if isinstance(cls, type):
+            found[cls] = build
     return found
 
 
