@@ -119,6 +119,14 @@ def augment_us(root: Path, t: Any, samples: int) -> tuple[float, float]:
     return ours, (time.perf_counter() - start) / samples * 1e6
 
 
+def fmt(value: float | None) -> str:
+    return f"{value:8.0f}" if value is not None else f"{'n/a':>8}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:5.2f}x" if a and b else f"{'n/a':>6}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", choices=list(SETS), default="imagenet")
@@ -155,8 +163,6 @@ def main(argv: list[str] | None = None) -> int:
         aug = augment_us(root, t, 32 if args.quick else 400)
         report["rows"][name] = {"images_per_s": rates, "augment_us": aug, "engine": engine, "reason": reason}
         fl, pil, ten = rates["fastload"], rates["tv-pil"], rates["tv-tensor"]
-        fmt = lambda v: f"{v:8.0f}" if v is not None else f"{'n/a':>8}"  # noqa: E731
-        ratio = lambda a, b: f"{a / b:5.2f}x" if a and b else f"{'n/a':>6}"  # noqa: E731
         print(f"  {name:<10} {fmt(pil)} {fmt(ten):>9} {fmt(fl)} {ratio(fl, pil)} {ratio(fl, ten):>8}"
               f"  {aug[0]:8.0f}/{aug[1]:<9.0f}  {engine}")
     for name, row in report["rows"].items():

@@ -24,7 +24,6 @@ import torchvision.transforms.v2 as T2
 
 from fastload import DataLoader, ImageFolder
 from fastload.data.augment import compile_augment
-from fastload.data.sampling import SampleIndex
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 IMAGE = torch.from_numpy(np.random.default_rng(0).integers(30, 200, (3, 40, 36), dtype=np.uint8))
@@ -236,7 +235,8 @@ def test_timm_randaugment_draws_and_renders_as_timm(config):
         random.seed(seed)
         np.random.seed(seed + 7)
         expected = outcome(lambda: step(pil))
-        got = outcome(lambda: augment.augment(pil, random.Random(seed), np.random.RandomState(seed + 7)))
+        rng, choices = random.Random(seed), np.random.RandomState(seed + 7)
+        got = outcome(lambda: augment.augment(pil, rng, choices))  # noqa: B023 - called at once
         assert np.array_equal(got, expected) if not isinstance(expected, str) else got == expected
 
 @pytest.mark.timeout(300)

@@ -48,7 +48,7 @@ def global_draws(
                 before = generator_states()
                 try:
                     image = step(image)
-                except Exception as exc:  # a user's step, on an image it may not expect
+                except Exception as exc:  # noqa: BLE001 - a user's step, on an image it may not expect
                     found.append(
                         f"{name} may draw from a global random generator (it raised "
                         f"{type(exc).__name__} on a {size[0]}x{size[1]} test image, so fastload "

@@ -4,16 +4,17 @@
 :func:`compile_transform` splits it: the leading geometric steps become fastload's declared
 :class:`~fastload.data.pipeline.ImagePipeline` (planned on the JPEG header, so the decode can
 run at reduced scale); a trailing "to float (+ Normalize)" becomes fastload's ``Normalize``,
-which ``DataLoader(device=...)`` moves to the device; the rest (ColorJitter, RandAugment,
-lambdas, ...) runs unchanged, in the user's order, on the decoded uint8 CHW tensor.
+which ``DataLoader(device=...)`` moves to the device; the common augmentations (ColorJitter,
+RandAugment, RandomErasing, ...) become :mod:`fastload.data.augment`'s, drawing from the
+sample's own generator; the rest (lambdas, ...) runs unchanged, all in the user's order.
 
 Example::
 
     >>> c = compile_transform(T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(),
     ...     T.ColorJitter(0.4, 0.4, 0.4), T.ToImage(), T.ToDtype(torch.float32, scale=True),
     ...     T.Normalize(mean, std)]))                       # T: torchvision.transforms.v2
-    >>> [type(s).__name__ for s in c.pipeline.steps], c.rest, c.normalize is not None
-    (['RandomResizedCrop', 'HorizontalFlip'], Rest(steps=(ColorJitter(...),)), True)
+    >>> [type(s).__name__ for s in c.pipeline.steps], c.rest_names, c.normalize is not None
+    (['RandomResizedCrop', 'HorizontalFlip'], ['ColorJitter'], True)
     >>> sample = c.apply_rest(c.pipeline.run(jpeg_bytes, seed=5), seed=5)   # float32 (3, 224, 224)
 
 torchvision is never imported here: only looked up in ``sys.modules`` (a script that built a
@@ -135,10 +136,6 @@ class Augmented:
 
     augment: Any  # a fastload.data.augment.Augment
     pil: bool = False
-
-    @property
-    def name(self) -> str:
-        return str(self.augment.name)
 
     def run(self, image: Any, generator: torch.Generator) -> Any:
         if self.pil:
@@ -271,7 +268,7 @@ def _name(step: Any) -> str:
     """A step's name for messages: its class, or a plain function's own name."""
     step = step.fn if isinstance(step, OnPIL) else step
     if isinstance(step, Augmented):
-        return step.name
+        return str(step.augment.name)
     return getattr(step, "__name__", None) or type(step).__name__
 
 
