@@ -40,6 +40,12 @@ V2_STEPS = {
     "TrivialAugmentWide": T2.TrivialAugmentWide(), "AutoAugment": T2.AutoAugment(),
     "AugMix": T2.AugMix(), "AugMix-partial": T2.AugMix(severity=5, chain_depth=2, all_ops=False),
     "RandomApply": T2.RandomApply([T2.ColorJitter(0.8, 0.8, 0.8, 0.2), T2.RandomGrayscale(0.5)], p=0.8),
+    "RandomRotation": T2.RandomRotation(30),
+    "RandomRotation-expand": T2.RandomRotation((-10, 40), T2.InterpolationMode.BILINEAR, expand=True, fill=7),
+    "RandomAffine": T2.RandomAffine(20, translate=(0.1, 0.2), scale=(0.8, 1.2), shear=(-5, 5, -3, 3)),
+    "RandomChoice": T2.RandomChoice([T2.ColorJitter(0.5), T2.RandomInvert(1.0), T2.RandomRotation(10)],
+                                    p=[0.2, 0.5, 0.3]),
+    "RandomOrder": T2.RandomOrder([T2.ColorJitter(0.5), T2.RandomInvert(0.5), T2.RandomRotation(10)]),
     "RandomErasing": T2.RandomErasing(0.7), "RandomErasing-random": T2.RandomErasing(0.9, value="random"),
 }
 
@@ -97,6 +103,9 @@ V1_STEPS = {
     "AutoAugment": T1.AutoAugment(), "AugMix": T1.AugMix(), "RandomGrayscale": T1.RandomGrayscale(0.3),
     "RandomErasing": T1.RandomErasing(0.8, value="random"),
     "RandomApply": T1.RandomApply([T1.ColorJitter(0.4, 0.4, 0.4, 0.1)], p=0.8),
+    "RandomAffine": T1.RandomAffine(20, translate=(0.1, 0.2), scale=(0.8, 1.2), shear=(-5, 5)),
+    "RandomChoice": T1.RandomChoice([T1.ColorJitter(0.5), T1.RandomInvert(1.0)], p=[0.3, 0.7]),
+    "RandomOrder": T1.RandomOrder([T1.RandomInvert(0.5), T1.RandomRotation(10)]),
 }
 
 
@@ -151,8 +160,8 @@ def test_what_is_not_compiled_says_so():
     assert compile_augment(Mine(0.4)) == (None, "")
     augment, why = compile_augment(T2.AutoAugment(T2.AutoAugmentPolicy.CIFAR10))
     assert augment is None and "ImageNet policy only" in why
-    augment, why = compile_augment(T2.RandomApply([T2.RandomRotation(10)]))
-    assert augment is None and "its RandomRotation is not compiled" in why
+    augment, why = compile_augment(T2.RandomApply([T2.RandomPerspective()]))
+    assert augment is None and "its RandomPerspective is not compiled" in why
 
 
 RECIPES = {
@@ -258,3 +267,17 @@ def test_batch_level_mixup_and_cutmix_on_fastload_batches(jpeg_root):
         mixer = timm_mixup.Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=classes, label_smoothing=0.1)
         mixed, soft = mixer(images.clone(), labels)
         assert mixed.shape == images.shape and soft.shape == (8, classes)
+
+
+@pytest.mark.timeout(300)
+def test_a_recipe_that_still_falls_back_names_only_the_step_that_draws(jpeg_root):
+    t = T2.Compose([T2.RandomResizedCrop(32), T2.TrivialAugmentWide(), T2.RandomPerspective(0.5),
+                    T2.PILToTensor(), T2.ToDtype(torch.float32, scale=True), T2.Normalize(MEAN, STD),
+                    T2.RandomErasing(0.5)])
+    ds = ImageFolder(jpeg_root, transform=t, seed=1)
+    loader = DataLoader(ds, batch_size=8)
+    assert loader.backend == "torch"
+    assert "the transform's RandomPerspective draws from torch's global random generator" in loader.backend_reason
+    assert "TrivialAugmentWide" not in loader.backend_reason and "RandomErasing" not in loader.backend_reason
+    images, _ = next(iter(loader))
+    assert images.shape == (8, 3, 32, 32)

@@ -67,3 +67,29 @@ class RandomApply(Augment):
         for step in self.steps:
             image = step.apply(image, g)
         return image
+
+
+@dataclass(frozen=True)
+class RandomChoice(Augment):
+    """torchvision's RandomChoice of compiled steps: one, picked with weights ``p`` by
+    ``torch.multinomial`` (v2's draw; v1's ``random.choices`` has the same distribution)."""
+
+    p: tuple[float, ...]
+    steps: tuple[Augment, ...]
+
+    def apply(self, image: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        k = int(torch.multinomial(torch.tensor(self.p), 1, generator=g))
+        return self.steps[k].apply(image, g)
+
+
+@dataclass(frozen=True)
+class RandomOrder(Augment):
+    """torchvision's RandomOrder of compiled steps: all, in a ``randperm`` order (v2's draw;
+    v1's ``random.shuffle`` has the same distribution)."""
+
+    steps: tuple[Augment, ...]
+
+    def apply(self, image: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        for k in torch.randperm(len(self.steps), generator=g).tolist():
+            image = self.steps[k].apply(image, g)
+        return image

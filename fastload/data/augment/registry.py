@@ -18,8 +18,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from fastload.data.augment import auto, color, erasing, timm_rand
-from fastload.data.augment.base import Augment, RandomApply, pair
+from fastload.data.augment import auto, color, erasing, geometry, timm_rand
+from fastload.data.augment.base import Augment, RandomApply, RandomChoice, RandomOrder, pair
 
 Builder = Callable[[Any], Augment]
 
@@ -94,18 +94,49 @@ def _timm_erasing(step: Any) -> Augment:
     )
 
 
-def _random_apply(step: Any) -> Augment:
+def _inner(step: Any) -> tuple[Augment, ...]:
+    """A container's steps, each compiled; ValueError naming the first that is not."""
     inner = []
     for t in step.transforms:
         augment, why = compile_augment(t)
         if augment is None:
             raise ValueError(f"its {type(t).__name__} is not compiled{f' ({why})' if why else ''}")
         inner.append(augment)
-    return RandomApply(type(step).__name__, float(step.p), tuple(inner))
+    return tuple(inner)
+
+
+def _random_apply(step: Any) -> Augment:
+    return RandomApply(type(step).__name__, float(step.p), _inner(step))
+
+
+def _random_choice(step: Any) -> Augment:
+    weights = [1.0] * len(step.transforms) if step.p is None else [float(w) for w in step.p]
+    total = sum(weights)
+    return RandomChoice(type(step).__name__, tuple(w / total for w in weights), _inner(step))
+
+
+def _random_order(step: Any) -> Augment:
+    return RandomOrder(type(step).__name__, _inner(step))
+
+
+def _rotation(step: Any) -> Augment:
+    return geometry.RandomRotation(type(step).__name__, pair(step.degrees), step.interpolation,
+                                   bool(step.expand), step.center, _fill(step))
+
+
+def _affine(step: Any) -> Augment:
+    shear = None if step.shear is None else tuple(float(v) for v in step.shear)
+    translate = None if step.translate is None else pair(step.translate)
+    return geometry.RandomAffine(type(step).__name__, pair(step.degrees), translate, pair(step.scale),
+                                 shear, step.interpolation, step.center, _fill(step))
 
 
 _TORCHVISION: dict[str, Builder] = {  # by class name, in torchvision.transforms and .v2
     "RandomApply": _random_apply,
+    "RandomChoice": _random_choice,
+    "RandomOrder": _random_order,
+    "RandomRotation": _rotation,
+    "RandomAffine": _affine,
     "ColorJitter": _jitter,
     "RandomGrayscale": _chance("grayscale"),
     "RandomSolarize": _chance("solarize", "threshold"),
