@@ -4,16 +4,17 @@
 :func:`compile_transform` splits it: the leading geometric steps become fastload's declared
 :class:`~fastload.data.pipeline.ImagePipeline` (planned on the JPEG header, so the decode can
 run at reduced scale); a trailing "to float (+ Normalize)" becomes fastload's ``Normalize``,
-which ``DataLoader(device=...)`` moves to the device; the rest (ColorJitter, RandAugment,
-lambdas, ...) runs unchanged, in the user's order, on the decoded uint8 CHW tensor.
+which ``DataLoader(device=...)`` moves to the device; the common augmentations (ColorJitter,
+RandAugment, RandomErasing, ...) become :mod:`fastload.data.augment`'s, drawing from the
+sample's own generator; the rest (lambdas, ...) runs unchanged, all in the user's order.
 
 Example::
 
     >>> c = compile_transform(T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(),
     ...     T.ColorJitter(0.4, 0.4, 0.4), T.ToImage(), T.ToDtype(torch.float32, scale=True),
     ...     T.Normalize(mean, std)]))                       # T: torchvision.transforms.v2
-    >>> [type(s).__name__ for s in c.pipeline.steps], c.rest, c.normalize is not None
-    (['RandomResizedCrop', 'HorizontalFlip'], Rest(steps=(ColorJitter(...),)), True)
+    >>> [type(s).__name__ for s in c.pipeline.steps], c.rest_names, c.normalize is not None
+    (['RandomResizedCrop', 'HorizontalFlip'], ['ColorJitter'], True)
     >>> sample = c.apply_rest(c.pipeline.run(jpeg_bytes, seed=5), seed=5)   # float32 (3, 224, 224)
 
 torchvision is never imported here: only looked up in ``sys.modules`` (a script that built a
@@ -26,7 +27,7 @@ import functools
 import logging
 import random
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,7 +36,7 @@ import torch
 from PIL import Image
 
 from fastload.arguments import config_error
-from fastload.data import known_steps
+from fastload.data import draws, known_steps
 from fastload.data.pipeline import ImagePipeline, Normalize, Step
 from fastload.data.sampling import mix_seed
 from fastload.errors import ConfigError
@@ -52,6 +53,7 @@ logger = logging.getLogger(__name__)
 # from the seeded stream and may change that sample's augmentation.
 _RNG_LOCK = threading.Lock()
 _TORCH_STREAM, _PYTHON_STREAM, _NUMPY_STREAM = 1, 2, 3  # distinct seeds from one sample seed
+_AUGMENT_STREAM = 4  # the compiled augmentations' own generator (NOTE [augmentations draw ...])
 
 
 def run_seeded(fn: Callable[[Any], Any], value: Any, seed: int) -> Any:
@@ -109,9 +111,40 @@ class OnPIL:
     fn: Callable[[Any], Any]
 
     def __call__(self, image: Any) -> Any:
-        if isinstance(image, torch.Tensor) and image.dtype == torch.uint8 and image.dim() == 3:
-            image = Image.fromarray(image.permute(1, 2, 0).numpy())  # lossless: RGB uint8
-        return self.fn(image)
+        return self.fn(_pil(image))
+
+
+def _pil(image: Any) -> Any:
+    """A uint8 CHW tensor as a PIL image (lossless: RGB uint8); anything else unchanged."""
+    if isinstance(image, torch.Tensor) and image.dtype == torch.uint8 and image.dim() == 3:
+        return Image.fromarray(image.permute(1, 2, 0).numpy())
+    return image
+
+
+def augment_generator(seed: int) -> torch.Generator:
+    """The generator a sample's compiled augmentations draw from, in order, seeded from ``seed``
+    (NOTE [augmentations draw from the sample's generator] in :mod:`fastload.data.augment`)."""
+    return torch.Generator().manual_seed(mix_seed(seed, _AUGMENT_STREAM))
+
+
+@dataclass(frozen=True)
+class Augmented:
+    """A user's augmentation compiled by :mod:`fastload.data.augment`: fastload draws its
+    parameters from the sample's generator and runs torchvision's kernels; ``pil``: on a PIL
+    image (PIL's kernels), where the user's Compose had one, as torchvision's ImageFolder runs
+    it, else on the tensor."""
+
+    augment: Any  # a fastload.data.augment.Augment
+    pil: bool = False
+
+    def run(self, image: Any, generator: torch.Generator) -> Any:
+        if self.pil:
+            return self.augment.apply(_pil(image), generator)
+        return self.augment.apply(_uint8_tensor(image), generator)
+
+    def __call__(self, image: Any) -> Any:
+        """With the generator of seed 0 (what watching it for global draws needs)."""
+        return self.run(image, augment_generator(0))
 
 
 @dataclass(frozen=True)
@@ -121,9 +154,23 @@ class Rest:
     steps: tuple[Callable[[Any], Any], ...]
 
     def __call__(self, image: Any) -> Any:
+        return self.run(image, 0)
+
+    def run(self, image: Any, seed: int) -> Any:
+        """The steps on ``image``; compiled augmentations draw from ``seed``'s generator, one
+        generator shared in step order."""
+        generator: torch.Generator | None = None
         for step in self.steps:
-            image = step(image)
+            if isinstance(step, Augmented):
+                generator = generator if generator is not None else augment_generator(seed)
+                image = step.run(image, generator)
+            else:
+                image = step(image)
         return image
+
+
+def _run_rest(rest: Callable[[Any], Any], image: Any, seed: int) -> Any:
+    return rest.run(image, seed) if isinstance(rest, Rest) else rest(image)
 
 
 @dataclass(frozen=True)
@@ -158,7 +205,7 @@ class CompiledTransform:
         """Whether ``rest`` starts with a step given a PIL image: then an engine may hand it
         ``pipeline.decode``'s PIL image instead of ``pipeline.run``'s tensor (no round trip)."""
         steps = self.rest.steps if isinstance(self.rest, Rest) else ()
-        return bool(steps) and isinstance(steps[0], OnPIL)
+        return bool(steps) and (isinstance(steps[0], OnPIL) or getattr(steps[0], "pil", False))
 
     @functools.cached_property
     def global_draws(self) -> tuple[str, ...]:
@@ -177,7 +224,7 @@ class CompiledTransform:
         torch's global random generator",)``.
         """
         steps = getattr(self.rest, "steps", (self.rest,) if self.rest is not None else ())
-        return _global_draws(steps, self.pipeline.output_size or (64, 64))
+        return draws.global_draws(steps, self.pipeline.output_size or (64, 64), _RNG_LOCK, _name)
 
     def apply_rest(self, image: torch.Tensor | Image.Image, seed: int, *, seeded: bool = True) -> Any:
         """``rest`` then ``normalize`` on ``image``; the random draws are a function of ``seed``.
@@ -192,9 +239,10 @@ class CompiledTransform:
         """
         out: Any = image
         if self.rest is not None and not seeded:
-            out = _uint8_tensor(self.rest(image))
+            out = _uint8_tensor(_run_rest(self.rest, image, seed))
         elif self.rest is not None:
-            out = _uint8_tensor(run_seeded(self.rest, image, seed))  # a PIL image at the end (no ToTensor) comes back as uint8 CHW
+            run = functools.partial(_run_rest, self.rest, seed=seed)
+            out = _uint8_tensor(run_seeded(run, image, seed))  # a PIL image at the end (no ToTensor) comes back as uint8 CHW
         if self.normalize is not None:
             if not (isinstance(out, torch.Tensor) and out.dtype == torch.uint8):
                 raise ConfigError(
@@ -219,50 +267,9 @@ class CompiledTransform:
 def _name(step: Any) -> str:
     """A step's name for messages: its class, or a plain function's own name."""
     step = step.fn if isinstance(step, OnPIL) else step
+    if isinstance(step, Augmented):
+        return str(step.augment.name)
     return getattr(step, "__name__", None) or type(step).__name__
-
-
-def _generator_states() -> tuple[Any, ...]:
-    numpy_state = np.random.get_state()
-    return torch.get_rng_state(), random.getstate(), (numpy_state[1].copy(), *numpy_state[2:])
-
-
-def _moved(before: tuple[Any, ...], after: tuple[Any, ...]) -> list[str]:
-    """The global generators whose state changed between ``before`` and ``after``."""
-    moved = ["torch's"] if not torch.equal(before[0], after[0]) else []
-    moved += ["Python's"] if before[1] != after[1] else []
-    numpy_same = np.array_equal(before[2][0], after[2][0]) and before[2][1:] == after[2][1:]
-    return moved + ([] if numpy_same else ["numpy's"])
-
-
-def _global_draws(steps: Sequence[Callable[[Any], Any]], size: tuple[int, int]) -> tuple[str, ...]:
-    """NOTE [which steps draw]: run ``steps`` once on a test image, watching the generators."""
-    pixels = np.random.default_rng(0).integers(0, 256, (3, *size), dtype=np.uint8)  # its own generator
-    image: Any = torch.from_numpy(pixels)
-    found: list[str] = []
-    with _RNG_LOCK, torch.random.fork_rng(devices=[]):
-        python_state, numpy_state = random.getstate(), np.random.get_state()
-        try:
-            for step in steps:
-                name = _name(step)
-                before = _generator_states()
-                try:
-                    image = step(image)
-                except Exception as exc:  # a user's step, on an image it may not expect
-                    found.append(
-                        f"{name} may draw from a global random generator (it raised "
-                        f"{type(exc).__name__} on a {size[0]}x{size[1]} test image, so fastload "
-                        "could not watch it or the steps after it)"
-                    )
-                    break
-                moved = _moved(before, _generator_states())
-                if moved:
-                    plural = "s" if len(moved) > 1 else ""
-                    found.append(f"{name} draws from {' and '.join(moved)} global random generator{plural}")
-        finally:
-            random.setstate(python_state)
-            np.random.set_state(numpy_state)
-    return tuple(found)
 
 
 def _trailing_normalize(
@@ -290,6 +297,16 @@ def _trailing_normalize(
         unit = Normalize((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
         return start, unit, f"{name} -> Normalize(mean=0, std=1), {where}"
     return start, norm, f"Normalize(mean={norm.mean}, std={norm.std}) -> fastload Normalize, {where}"
+
+
+def _augment(step: Any, known: known_steps.Known | None) -> tuple[Any, str]:
+    """``step`` compiled by :mod:`fastload.data.augment` (imported only with torchvision), or
+    None and why not ("" for a step it does not know)."""
+    if known is None:
+        return None, ""
+    from fastload.data.augment import compile_augment
+
+    return compile_augment(step)
 
 
 def compile_transform(transform: Callable[[Any], Any], *, layout: str = "CHW") -> CompiledTransform:
@@ -340,8 +357,14 @@ def compile_transform(transform: Callable[[Any], Any], *, layout: str = "CHW") -
     pil = True  # what torchvision's ImageFolder hands the user's Compose: a PIL image
     for step in tail[:start]:
         kind, name = known_steps.conversion(step, known), type(step).__name__
+        augment, why = _augment(step, known)
         if kind == "noop":
             continue
+        elif augment is not None:
+            runnable.append(Augmented(augment, pil))
+            shape = "the PIL image, as before ToTensor" if pil else "the tensor"
+            notes.append(f"{name} -> fastload's draws from the sample's generator, torchvision's "
+                         f"kernels on {shape}")
         elif kind is not None:
             runnable.append(ToFloat() if kind == "float" else ToUint8Tensor())
             pil = False
@@ -349,14 +372,16 @@ def compile_transform(transform: Callable[[Any], Any], *, layout: str = "CHW") -
                 notes.append(f"{name} -> float in [0, 1]")
         elif pil:  # what torchvision's ImageFolder gives it; PIL's kernels are also the faster
             runnable.append(OnPIL(step))
-            because = f" ({why_not[id(step)]})" if why_not.get(id(step)) else ""
+            because = why_not.get(id(step)) or why
+            because = f" ({because})" if because else ""
             notes.append(f"{name} runs as-is on a PIL image, as before ToTensor{because}")
         else:
             runnable.append(step)
             pil = pil or known_steps.is_to_pil(step, known)
             floats = any(isinstance(r, ToFloat) or known_steps.makes_float(r, known) for r in runnable)
             dtype = "float" if floats else "uint8"
-            because = f" ({why_not[id(step)]})" if why_not.get(id(step)) else ""
+            because = why_not.get(id(step)) or why
+            because = f" ({because})" if because else ""
             if known_steps.normalize(step, known) is not None:  # only a last "to float + Normalize" moves
                 because = " on the host: steps run on floats before or after it"
             notes.append(f"{name} runs as-is on the {dtype} tensor{because}")

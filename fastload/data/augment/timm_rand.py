@@ -1,0 +1,133 @@
+"""timm's RandAugment (``rand-m9-mstd0.5-inc1`` and kin) with its draws made per sample.
+
+timm's RandAugment picks its ops with numpy's global ``np.random.choice`` and each op draws
+from Python's global ``random`` (apply or not, magnitude noise, sign, the resampling filter
+of a geometric op), then runs one of timm's PIL functions. :class:`TimmRandAugment` makes the
+same draws in the same order from a per-sample ``random.Random`` and
+``numpy.random.RandomState`` (seeded from the sample's generator) and calls timm's own op
+functions (``op.aug_fn``) with the filter already chosen, so they draw nothing themselves.
+Magnitude-to-argument rules (:func:`level_args`) follow timm's ``LEVEL_TO_ARG``.
+
+Example::
+
+    >>> aug = TimmRandAugment.of(rand_augment_transform("rand-m9-mstd0.5-inc1", {}))
+    >>> out = aug.apply(pil_image, torch.Generator().manual_seed(5))
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fastload.data.augment.base import Augment
+
+_DENOM = 10.0  # timm's magnitude scale: M10 is the full range
+_GEOMETRIC = {"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel"}
+_ENHANCE = {"Color", "Contrast", "Brightness", "Sharpness"}
+KNOWN_OPS = (_GEOMETRIC | _ENHANCE | {f"{n}Increasing" for n in _ENHANCE}
+             | {"AutoContrast", "Equalize", "Invert", "Posterize", "PosterizeIncreasing",
+                "PosterizeOriginal", "Solarize", "SolarizeIncreasing", "SolarizeAdd"})
+
+
+def _negate(rng: random.Random, value: float) -> float:
+    return -value if rng.random() > 0.5 else value
+
+
+def level_args(name: str, level: float, hparams: dict[str, Any], rng: random.Random) -> tuple[Any, ...]:
+    """The op's arguments for magnitude ``level`` (0..10), drawing its sign from ``rng``."""
+    frac = level / _DENOM
+    if name in ("AutoContrast", "Equalize", "Invert"):
+        return ()
+    if name == "Rotate":
+        return (_negate(rng, frac * 30.0),)
+    if name in ("ShearX", "ShearY"):
+        return (_negate(rng, frac * 0.3),)
+    if name in ("TranslateX", "TranslateY"):
+        return (_negate(rng, frac * float(hparams["translate_const"])),)
+    if name in ("TranslateXRel", "TranslateYRel"):
+        return (_negate(rng, frac * hparams.get("translate_pct", 0.45)),)
+    if name in _ENHANCE:
+        return (frac * 1.8 + 0.1,)
+    if name.endswith("Increasing") and name[: -len("Increasing")] in _ENHANCE:
+        return (max(0.1, 1.0 + _negate(rng, frac * 0.9)),)
+    bits = int(frac * 4)
+    solarize = min(256, int(frac * 256))
+    return {"Posterize": (bits,), "PosterizeIncreasing": (4 - bits,), "PosterizeOriginal": (bits + 4,),
+            "Solarize": (solarize,), "SolarizeIncreasing": (256 - solarize,),
+            "SolarizeAdd": (min(128, int(frac * 110)),)}[name]
+
+
+@dataclass(frozen=True)
+class Op:
+    """One of timm's AugmentOps, as its public attributes give it."""
+
+    name: str
+    prob: float
+    magnitude: float
+    magnitude_std: float
+    magnitude_max: float | None
+    hparams: tuple[tuple[str, Any], ...]
+    fill: Any
+    resample: Any  # a PIL filter, or a sequence of them drawn from per call
+    fn: Any  # timm's op function (op.aug_fn), e.g. timm.data.auto_augment.rotate
+
+    def run(self, img: Any, rng: random.Random) -> Any:
+        """timm's AugmentOp.__call__'s draws, in its order, from ``rng``; then timm's function."""
+        if self.prob < 1.0 and rng.random() > self.prob:
+            return img
+        magnitude = self.magnitude
+        if self.magnitude_std == float("inf"):
+            magnitude = rng.uniform(0, magnitude)
+        elif self.magnitude_std > 0:
+            magnitude = rng.gauss(magnitude, self.magnitude_std)
+        magnitude = max(0.0, min(magnitude, self.magnitude_max or _DENOM))
+        args = level_args(self.name, magnitude, dict(self.hparams), rng)
+        if self.name not in _GEOMETRIC:
+            return self.fn(img, *args)
+        resample = self.resample
+        if isinstance(resample, (list, tuple)):
+            resample = rng.choice(resample)
+        return self.fn(img, *args, fillcolor=self.fill, resample=resample)
+
+
+@dataclass(frozen=True)
+class TimmRandAugment(Augment):
+    """timm's RandAugment: ``num_layers`` ops chosen by numpy (with replacement unless
+    weighted), each run as :class:`Op` does; on a PIL image (a tensor is taken as one)."""
+
+    ops: tuple[Op, ...]
+    num_layers: int
+    weights: tuple[float, ...] | None
+
+    @staticmethod
+    def of(step: Any) -> TimmRandAugment:
+        """From a ``timm.data.auto_augment.RandAugment``; ValueError for an op it does not know."""
+        ops = []
+        for op in step.ops:
+            if op.name not in KNOWN_OPS:
+                raise ValueError(f"timm op {op.name} is not compiled")
+            ops.append(Op(op.name, float(op.prob), float(op.magnitude), float(op.magnitude_std),
+                          op.magnitude_max, tuple(sorted(op.hparams.items())), op.kwargs["fillcolor"],
+                          op.kwargs["resample"], op.aug_fn))
+        weights = None if step.choice_weights is None else tuple(float(w) for w in step.choice_weights)
+        return TimmRandAugment(type(step).__name__, tuple(ops), int(step.num_layers), weights)
+
+    def apply(self, image: Any, g: torch.Generator) -> Any:
+        seeds = torch.randint(0, 2**31 - 1, (2,), generator=g).tolist()
+        return self.augment(image, random.Random(seeds[0]), np.random.RandomState(seeds[1]))
+
+    def augment(self, image: Any, rng: random.Random, choices: np.random.RandomState) -> Any:
+        """The augmentation with ``choices`` for timm's np.random and ``rng`` for its random."""
+        if isinstance(image, torch.Tensor):
+            from torchvision.transforms.v2 import functional as F
+
+            image = F.to_pil_image(image)
+        picked = choices.choice(len(self.ops), self.num_layers, replace=self.weights is None,
+                                p=None if self.weights is None else list(self.weights))
+        for k in picked:
+            image = self.ops[int(k)].run(image, rng)
+        return image
