@@ -34,7 +34,7 @@ from torch.utils.data import Dataset, Sampler
 from torch.utils.data.dataloader import default_collate, default_convert
 
 from fastload.data import batchinfo
-from fastload.data.images import ImageFolder
+from fastload.data.declared import is_declared
 from fastload.data.sampling import EpochSampler
 from fastload.device import DeviceFeeder, resolve_device
 from fastload.engines import Backend, Choice, Engine, EngineContext, WorkerParts, choose_backend, engine_class
@@ -142,7 +142,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             probe=os.environ.get("FASTLOAD_ENGINE_PROBE", "1") != "0",
             workers_set=settings.num_workers.source == "argument",
         )
-        declared = isinstance(dataset, ImageFolder)
+        declared = is_declared(dataset)
         plan = epoch_plan(  # NOTE [the public plan and the rank's plan] in fastload.loader.plan
             dataset, sampler, batch_sampler, shuffle=shuffle, generator=generator,
             drop_last=drop_last, batch_size=batch_size if batch_sampler is None else None,
@@ -374,7 +374,7 @@ def _stages(
     A declared dataset's collate carries worker timings and skips in an envelope, and with a
     device its Normalize moves from the workers onto the device, batched.
     """
-    if not isinstance(dataset, ImageFolder):
+    if not is_declared(dataset):
         return dataset, collate_fn, DeviceFeeder(device) if device is not None else None
     collate = batchinfo.CollateWithInfo(collate_fn or (default_collate if batched else default_convert))
     if device is None:
