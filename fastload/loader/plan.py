@@ -124,6 +124,7 @@ def epoch_plan(
         dataset, shuffle=bool(shuffle),
         seed=distributed.agree_seed(_base_seed(dataset, generator), ranks),
         drop_last=drop_last, tag_seeds=declared,
+        order=dataset.epoch_order if declared else None,  # NOTE [shard-aware order]
     )
     public.loader_view = True
     return _plan(public, ranks, batch_size, drop_last)
