@@ -174,3 +174,36 @@ def test_shuffle_quality_against_a_uniform_permutation():
     assert abs(windowed["position_correlation"]) < 0.2 and abs(uniform["position_correlation"]) < 0.1
     assert 0.15 < windowed["same_shard_neighbours"] < 0.35 and uniform["same_shard_neighbours"] < 0.05
     assert windowed["shards_per_span"] <= 8 and uniform["shards_per_span"] > 60  # of 256 samples
+
+
+def ranked_loader(monkeypatch, shards: str, world: int, rank: int) -> DataLoader:
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    monkeypatch.setenv("RANK", str(rank))
+    return DataLoader(TarShards(shards, size=16, seed=5, shuffle_window=1), batch_size=4, shuffle=True)
+
+
+def test_ranks_read_whole_shards_and_an_elastic_restart_covers_the_rest_once(monkeypatch, shards):
+    keys = {}
+    for rank in range(2):  # 48 samples in shards of 10, 10, 10, 10, 8: 24 per rank
+        loader = ranked_loader(monkeypatch, shards, 2, rank)
+        ds = loader.dataset
+        mine = list(loader.epoch_sampler)
+        keys[rank] = {ds.index.key(i) for i in mine}
+        assert len({int(ds.index.shards[i]) for i in mine}) <= 3  # whole shards, a split one at an end
+    assert not keys[0] & keys[1] and len(keys[0] | keys[1]) == 48
+    states, before = [], []
+    for rank in range(2):  # two batches on each of 2 ranks, then a restart on 3
+        loader = ranked_loader(monkeypatch, shards, 2, rank)
+        it = iter(loader)
+        before += [y for _ in range(2) for y in next(it)[1].tolist()]
+        states.append(loader.state_dict())
+        ds = loader.dataset
+    after = []
+    for rank in range(3):
+        loader = ranked_loader(monkeypatch, shards, 3, rank)
+        loader.load_state_dict(states[rank % 2])
+        after += [i for i in loader.epoch_sampler]
+    consumed = [i for r in range(2) for i in EpochSampler(48, seed=states[r]["seed"], num_replicas=2, rank=r,
+                                                          order=ds.epoch_order).indices(0)[:8]]
+    assert len(set(consumed)) == 16 and set(after) | set(consumed) == set(range(48))
+    assert len(after) - 32 < 3  # the rest once; the new split pads by repeating the epoch's head
