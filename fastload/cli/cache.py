@@ -33,23 +33,11 @@ from rich.table import Table
 from fastload.cache.config import CacheConfig, transcode_spec
 from fastload.cache.disk import DiskTier
 from fastload.cache.warm_report import MAX_FAILURES, WarmReport, parse_shard
+from fastload.cli.options import storage_options_of
 from fastload.errors import ConfigError, OriginUnavailableError
 
 if TYPE_CHECKING:
     from typing_extensions import Self
-
-
-def _storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--storage-option")
-        try:
-            options[key] = json.loads(value)
-        except ValueError:
-            options[key] = value
-    return options
 
 
 def _human(n: float) -> str:
@@ -119,7 +107,7 @@ def warm_command(url: str, directory: str, jobs: int | None, shard: str, disk_si
     try:
         with progress:
             report = warm(url, config, jobs=jobs, shard=shard_of, max_failures=max_failures,
-                          storage_options=_storage_options(options), on_start=progress.start,
+                          storage_options=storage_options_of(options), on_start=progress.start,
                           on_file=progress.file, derive=derive)
     except OriginUnavailableError as exc:
         if as_json and isinstance(exc.report, WarmReport):
