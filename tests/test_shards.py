@@ -76,8 +76,10 @@ def test_samples_equal_image_folders_of_the_same_files(shards, jpeg_root):
         assert torch.equal(image, expected) and label == folder_label
 
 
-@pytest.mark.parametrize("backend", ["threads", "torch"])
+@pytest.mark.parametrize("backend", ["threads", "torch", "dali"])
 def test_loader_gives_each_sample_once_with_the_threads_engine_and_workers(shards, backend):
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
     ds = TarShards(shards, size=32, train=True, seed=3, target_transform=lambda y: y * 10)
     loader = DataLoader(ds, batch_size=8, shuffle=True, backend=backend, num_workers=2 if backend == "torch" else 0)
     assert loader.backend == backend
