@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -50,10 +51,13 @@ from fastload.testing.synthetic import make_jpeg_folder  # noqa: E402
 from tests.fixtures.s3 import upload_folder  # noqa: E402
 
 
-def webdataset_loader(urls: list[str], size: int, batch: int, workers: int) -> torch.utils.data.DataLoader:
-    transform = T.Compose([T.PILToTensor(), T.RandomResizedCrop(size, antialias=True), T.RandomHorizontalFlip()])
-    pipeline = (wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.split_by_node, empty_check=False)
-                .shuffle(256).decode("pil").to_tuple("jpg", "cls").map_tuple(transform, int).batched(batch))
+def webdataset_loader(urls: list[str], size: int, batch: int, workers: int) -> Any:
+    transform = T.Compose([T.PILToTensor(), T.RandomResizedCrop(size, antialias=True),
+                           T.RandomHorizontalFlip()])
+    pipeline = (wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.split_by_node,
+                               empty_check=False)
+                .shuffle(256).decode("pil").to_tuple("jpg", "cls").map_tuple(transform, int)
+                .batched(batch))
     return torch.utils.data.DataLoader(pipeline, batch_size=None, num_workers=workers)
 
 
@@ -62,7 +66,8 @@ def rate(n: int, loader) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=512)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--latency-ms", type=float, default=15.0)
@@ -71,8 +76,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=224)
     args = parser.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    local = make_jpeg_folder(ROOT / ".fastload-data" / f"shards-bench-{args.images}", images=args.images,
-                             classes=10, size=(500, 375))
+    local = make_jpeg_folder(ROOT / ".fastload-data" / f"shards-bench-{args.images}",
+                             images=args.images, classes=10, size=(500, 375))
     work = Path(tempfile.mkdtemp(prefix="fastload-shards-bench-"))
     total = sum(p.stat().st_size for p in local.rglob("*.jpg"))
     packed = pack(str(local), str(work / "shards"), shard_size=total / args.shards + 20_000)
@@ -80,23 +85,26 @@ def main() -> None:
     n, size, batch = args.images, args.size, args.batch_size
     rows: dict[str, float] = {}
     common = {"size": size, "train": True, "seed": 0}
-    rows["folder local (threads)"] = rate(n, DataLoader(ImageFolder(str(local), **common), batch_size=batch,
-                                                        shuffle=True, backend="threads"))
-    rows["shards local (threads)"] = rate(n, DataLoader(TarShards(local_urls, **common), batch_size=batch,
-                                                        shuffle=True, backend="threads"))
+    run = {"batch_size": batch, "shuffle": True, "backend": "threads"}
+    rows["folder local (threads)"] = rate(n, DataLoader(ImageFolder(str(local), **common), **run))
+    rows["shards local (threads)"] = rate(n, DataLoader(TarShards(local_urls, **common), **run))
     rows["webdataset local"] = rate(n, webdataset_loader(local_urls, size, batch, args.workers))
     with served_folder(local, f"s3://shards-bench-{n}/folder", args.latency_ms) as (url, options):
         shard_root = upload_folder(options["s3"], work / "shards", f"s3://shards-bench-{n}/shards")
         remote = [f"latency::{shard_root}/{Path(u).name}" for u in local_urls]
-        rows["folder remote, per object (threads)"] = rate(n, DataLoader(
-            ImageFolder(url, storage_options=options, **common), batch_size=batch, shuffle=True, backend="threads"))
+        folder = ImageFolder(url, storage_options=options, **common)
+        rows["folder remote, per object (threads)"] = rate(n, DataLoader(folder, **run))
         start = time.perf_counter()
-        ds = TarShards(remote, storage_options=options, cache={"disk": str(work / "cache")}, **common)
+        cache = {"disk": str(work / "cache")}
+        ds = TarShards(remote, storage_options=options, cache=cache, **common)
         index_s = time.perf_counter() - start
-        loader = DataLoader(ds, batch_size=batch, shuffle=True, backend="threads")
+        loader = DataLoader(ds, **run)
         rows["shards remote, cold (threads)"] = rate(n, loader)
         rows["shards remote, warm (threads)"] = rate(n, loader)
-        wds.gopen_schemes["latency"] = lambda u, mode="rb", bufsize=8192: fsspec.open(u, mode, **options).open()
+        def gopen_fsspec(u: str, mode: str = "rb", bufsize: int = 8192) -> Any:
+            return fsspec.open(u, mode, **options).open()
+
+        wds.gopen_schemes["latency"] = gopen_fsspec
         rows["webdataset remote"] = rate(n, webdataset_loader(remote, size, batch, args.workers))
     print(f"one epoch of {n} JPEGs (500x375) in {len(local_urls)} shards, batch {batch}, "
           f"RandomResizedCrop {size} + flip; remote: moto + {args.latency_ms:g} ms/request; "
@@ -105,14 +113,17 @@ def main() -> None:
         print(f"  {name:38s} {value:8.1f} images/s")
     print(f"  index of {len(remote)} remote shards built in {index_s:.2f} s; "
           f"{ds.index.nbytes / len(ds):.0f} bytes/sample")
-    cold, per_object = rows["shards remote, cold (threads)"], rows["folder remote, per object (threads)"]
+    cold = rows["shards remote, cold (threads)"]
+    per_object = rows["folder remote, per object (threads)"]
+    local_ratio = rows["shards local (threads)"] / rows["folder local (threads)"]
     print(f"  shards cold vs per object: {cold / per_object:.1f}x (target >= 5x); "
           f"vs webdataset remote: {cold / rows['webdataset remote']:.1f}x (target >= 1.5x); "
-          f"local shards vs folder: {rows['shards local (threads)'] / rows['folder local (threads)']:.2f}x")
+          f"local shards vs folder: {local_ratio:.2f}x")
     shard_of = ds.index.shards
     for window in (1, 4):
         ds.epoch_order.window = window
-        q = shuffle_quality(ds.epoch_order.permutation(0, 1, shuffle=True, num_replicas=1), shard_of)
+        order = ds.epoch_order.permutation(0, 1, shuffle=True, num_replicas=1)
+        q = shuffle_quality(order, shard_of)
         print(f"  shard order, window {window}: " + ", ".join(f"{k} {v:.3f}" for k, v in q.items()))
     uniform = torch.randperm(len(ds), generator=torch.Generator().manual_seed(0)).numpy()
     q = shuffle_quality(uniform.tolist(), np.asarray(shard_of))

@@ -31,7 +31,12 @@ def run(*args: str) -> subprocess.CompletedProcess:
 
 def expected(root: Path) -> dict[str, tuple[int, bytes]]:
     folder = ImageFolder(str(root))
-    return {os.path.relpath(p, root)[:-4]: (label, Path(p).read_bytes()) for p, label in folder.samples}
+    return {os.path.relpath(p, root)[:-4]: (label, Path(p).read_bytes())
+            for p, label in folder.samples}
+
+
+def contents(ds: TarShards) -> dict[str, tuple[int, bytes]]:
+    return {ds.index.key(i): (ds.label(i), ds.read_bytes(i)) for i in range(len(ds))}
 
 
 def read_with_webdataset(urls: list[str]) -> dict[str, tuple[int, bytes]]:
@@ -50,12 +55,13 @@ def test_pack_a_folder_reads_back_in_webdataset_and_tarshards(jpeg_root, tmp_pat
     report = json.loads(done.stdout)
     assert report["samples"] == 48 and report["shards"] > 3 and "shard 1: " in done.stderr
     manifest = json.loads((dst / "shards.json").read_text())
-    assert manifest["__kind__"] == "wids-shard-index-v1" and sum(s["nsamples"] for s in manifest["shardlist"]) == 48
+    assert manifest["__kind__"] == "wids-shard-index-v1"
+    assert sum(s["nsamples"] for s in manifest["shardlist"]) == 48
     tars = sorted(str(p) for p in dst.glob("shard-*.tar"))
     assert all(os.path.getsize(t) <= 100_000 for t in tars) and len(tars) == report["shards"]
     assert read_with_webdataset(tars) == expected(jpeg_root)
     ds = TarShards(tars, size=32)  # its index files: no header read
-    assert {ds.index.key(i): (ds.label(i), ds.read_bytes(i)) for i in range(len(ds))} == expected(jpeg_root)
+    assert contents(ds) == expected(jpeg_root)
 
 
 @pytest.mark.timeout(300)
@@ -98,14 +104,17 @@ def test_exit_codes_bad_input_2_store_failure_1(jpeg_root, tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_tarshards_on_s3_packed_there_through_the_cache(s3_jpegs, s3_options, s3_server, jpeg_root, tmp_path):
+def test_tarshards_on_s3_packed_there_through_the_cache(s3_jpegs, s3_options, s3_server,
+                                                        jpeg_root, tmp_path):
     dst = "s3://fastload-test-shards/train"
     fs = fsspec.filesystem("s3", **s3_options)
     if not fs.exists("fastload-test-shards"):
         fs.mkdir("fastload-test-shards")
-    report = pack(s3_jpegs, dst, shard_size=100_000, storage_options=s3_options, dst_options=s3_options)
-    ds = TarShards(report.urls, size=32, cache={"disk": str(tmp_path / "c")}, storage_options=s3_options)
-    assert {ds.index.key(i): (ds.label(i), ds.read_bytes(i)) for i in range(len(ds))} == expected(jpeg_root)
+    report = pack(s3_jpegs, dst, shard_size=100_000, storage_options=s3_options,
+                  dst_options=s3_options)
+    cache = {"disk": str(tmp_path / "c")}
+    ds = TarShards(report.urls, size=32, cache=cache, storage_options=s3_options)
+    assert contents(ds) == expected(jpeg_root)
     loader = DataLoader(ds, batch_size=8, shuffle=True, backend="threads")
     labels = np.concatenate([y.numpy() for _, y in loader])
     assert sorted(labels.tolist()) == sorted(ds.index.labels.tolist())
@@ -113,6 +122,6 @@ def test_tarshards_on_s3_packed_there_through_the_cache(s3_jpegs, s3_options, s3
     TarShards(report.urls, size=32, storage_options=s3_options).read_bytes(0)  # no cache: S3
     assert s3_server.gets("fastload-test-shards/train/")
     s3_server.reset_counts()
-    again = TarShards(report.urls, size=32, cache={"disk": str(tmp_path / "c")}, storage_options=s3_options)
-    assert [again.read_bytes(i) for i in range(len(again))] == [ds.read_bytes(i) for i in range(len(ds))]
+    again = TarShards(report.urls, size=32, cache=cache, storage_options=s3_options)
+    assert contents(again) == contents(ds)
     assert not s3_server.gets("fastload-test-shards/")  # the index and every member: from the cache

@@ -32,7 +32,8 @@ def write_shards(root: Path, out: Path, *, per_shard: int = 10, broken: str | No
         for f in files:
             key = str(f.relative_to(root).with_suffix(""))
             data = b"not a jpeg" if key == broken else f.read_bytes()
-            sink.write({"__key__": key, "jpg": data, "cls": str(classes.index(f.parent.name)).encode()})
+            label = str(classes.index(f.parent.name)).encode()
+            sink.write({"__key__": key, "jpg": data, "cls": label})
     count = len(list(out.glob("train-*.tar")))
     return str(out / f"train-{{000000..{count - 1:06d}}}.tar")
 
@@ -43,9 +44,12 @@ def shards(jpeg_root: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_brace_patterns_expand_as_webdataset_does():
-    assert expand_braces("s3://b/t-{008..011}.tar") == [f"s3://b/t-{i:03d}.tar" for i in range(8, 12)]
-    assert expand_braces("/d/{a,b}-{1..2}.tar") == ["/d/a-1.tar", "/d/a-2.tar", "/d/b-1.tar", "/d/b-2.tar"]
-    assert split_key("x/n01.a.b.jpg") == ("x/n01", "a.b.jpg") and index_url_of("s3://b/x.tar") == "s3://b/x.idx"
+    expanded = expand_braces("s3://b/t-{008..011}.tar")
+    assert expanded == [f"s3://b/t-{i:03d}.tar" for i in range(8, 12)]
+    assert expand_braces("/d/{a,b}-{1..2}.tar") == ["/d/a-1.tar", "/d/a-2.tar", "/d/b-1.tar",
+                                                   "/d/b-2.tar"]
+    assert split_key("x/n01.a.b.jpg") == ("x/n01", "a.b.jpg")
+    assert index_url_of("s3://b/x.tar") == "s3://b/x.idx"
 
 
 def test_index_matches_the_tar_members_and_labels(shards, jpeg_root):
@@ -59,7 +63,8 @@ def test_index_matches_the_tar_members_and_labels(shards, jpeg_root):
             for member in (m for m in tar.getmembers() if m.name.endswith(".jpg")):
                 key = member.name[:-4]
                 assert ds.index.key(row) == key and int(ds.index.shards[row]) == shard
-                assert int(ds.index.offsets[row]) == member.offset_data and ds.index.lengths[row] == member.size
+                assert int(ds.index.offsets[row]) == member.offset_data
+                assert ds.index.lengths[row] == member.size
                 assert ds.read_bytes(row) == (jpeg_root / member.name).read_bytes()
                 assert ds.label(row) == int(tar.extractfile(key + ".cls").read())
                 row += 1
@@ -81,7 +86,8 @@ def test_loader_gives_each_sample_once_with_the_threads_engine_and_workers(shard
     if backend == "dali":
         pytest.importorskip("nvidia.dali")
     ds = TarShards(shards, size=32, train=True, seed=3, target_transform=lambda y: y * 10)
-    loader = DataLoader(ds, batch_size=8, shuffle=True, backend=backend, num_workers=2 if backend == "torch" else 0)
+    loader = DataLoader(ds, batch_size=8, shuffle=True, backend=backend,
+                        num_workers=2 if backend == "torch" else 0)
     assert loader.backend == backend
     labels = torch.cat([y for _, y in loader])
     assert sorted(labels.tolist()) == sorted((ds.index.labels * 10).tolist())
@@ -93,7 +99,8 @@ def test_loader_gives_each_sample_once_with_the_threads_engine_and_workers(shard
 
 
 def test_exact_mid_epoch_resume(shards):
-    make = lambda: DataLoader(TarShards(shards, size=32, train=True, seed=7), batch_size=5, shuffle=True)
+    make = lambda: DataLoader(TarShards(shards, size=32, train=True, seed=7), batch_size=5,
+                              shuffle=True)
     full, resumed, state = interrupted(make, k=3)
     assert state["mode"] == "sharded" and state["consumed"] == 15
     assert same_batches(full, resumed)
@@ -120,7 +127,8 @@ def test_the_index_is_stored_in_the_cache_and_reused(jpeg_root, tmp_path):
     with pytest.raises(DatasetError, match="not a readable tar shard"):
         TarShards(pattern, size=32)  # a fresh build reads the damaged header
     again = TarShards(pattern, size=32, cache=cache)  # the stored index: no header read
-    assert np.array_equal(again.index.offsets, first.index.offsets) and again.classes == first.classes
+    assert np.array_equal(again.index.offsets, first.index.offsets)
+    assert again.classes == first.classes
     with pytest.raises(DatasetError):
         TarShards(pattern, size=32, cache=cache, listing_max_age=0)
 
@@ -147,7 +155,8 @@ def test_a_dali_index_file_replaces_the_header_walk(shards, tmp_path):
 def test_shard_order_is_seeded_and_each_rank_reads_whole_shards():
     order = ShardOrder([25] * 16, window=2)
     a, b = (order.permutation(0, 1, shuffle=True, num_replicas=1) for _ in range(2))
-    assert a == b and sorted(a) == list(range(400)) and a != order.permutation(0, 2, shuffle=True, num_replicas=1)
+    assert a == b and sorted(a) == list(range(400))
+    assert a != order.permutation(0, 2, shuffle=True, num_replicas=1)
     assert order.permutation(0, 1, shuffle=False, num_replicas=1) == list(range(400))
     ranks = [EpochSampler(400, seed=0, num_replicas=4, rank=r, order=order) for r in range(4)]
     shares = [list(s) for s in ranks]
@@ -160,28 +169,34 @@ def test_shard_order_is_seeded_and_each_rank_reads_whole_shards():
 def test_shard_order_splits_unevenly_sized_shards_with_padding():
     order = ShardOrder([7, 3, 11, 5], window=2)
     for ranks, drop in ((3, False), (3, True), (4, False)):
-        shares = [list(EpochSampler(26, seed=1, num_replicas=ranks, rank=r, drop_last=drop, order=order))
-                  for r in range(ranks)]
+        shares = [list(EpochSampler(26, seed=1, num_replicas=ranks, rank=r, drop_last=drop,
+                                    order=order)) for r in range(ranks)]
         assert len({len(s) for s in shares}) == 1
         seen = [i for s in shares for i in s]
-        assert set(seen) <= set(range(26)) and (len(set(seen)) == len(seen) if drop else set(seen) == set(range(26)))
+        assert set(seen) <= set(range(26))
+        assert len(set(seen)) == len(seen) if drop else set(seen) == set(range(26))
 
 
 def test_shuffle_quality_against_a_uniform_permutation():
     sizes = [100] * 64
     shard_of = np.repeat(np.arange(64), 100)
-    windowed = shuffle_quality(ShardOrder(sizes, window=4).permutation(0, 0, shuffle=True, num_replicas=1), shard_of)
-    uniform = shuffle_quality(torch.randperm(6400, generator=torch.Generator().manual_seed(0)).tolist(), shard_of)
+    shard_order = ShardOrder(sizes, window=4).permutation(0, 0, shuffle=True, num_replicas=1)
+    windowed = shuffle_quality(shard_order, shard_of)
+    permutation = torch.randperm(6400, generator=torch.Generator().manual_seed(0))
+    uniform = shuffle_quality(permutation.tolist(), shard_of)
     # Both decorrelate storage from epoch position; the window reads 4 shards at a time.
-    assert abs(windowed["position_correlation"]) < 0.2 and abs(uniform["position_correlation"]) < 0.1
-    assert 0.15 < windowed["same_shard_neighbours"] < 0.35 and uniform["same_shard_neighbours"] < 0.05
+    assert abs(windowed["position_correlation"]) < 0.2
+    assert abs(uniform["position_correlation"]) < 0.1
+    assert 0.15 < windowed["same_shard_neighbours"] < 0.35
+    assert uniform["same_shard_neighbours"] < 0.05
     assert windowed["shards_per_span"] <= 8 and uniform["shards_per_span"] > 60  # of 256 samples
 
 
 def ranked_loader(monkeypatch, shards: str, world: int, rank: int) -> DataLoader:
     monkeypatch.setenv("WORLD_SIZE", str(world))
     monkeypatch.setenv("RANK", str(rank))
-    return DataLoader(TarShards(shards, size=16, seed=5, shuffle_window=1), batch_size=4, shuffle=True)
+    ds = TarShards(shards, size=16, seed=5, shuffle_window=1)
+    return DataLoader(ds, batch_size=4, shuffle=True)
 
 
 def test_ranks_read_whole_shards_and_an_elastic_restart_covers_the_rest_once(monkeypatch, shards):
@@ -191,7 +206,8 @@ def test_ranks_read_whole_shards_and_an_elastic_restart_covers_the_rest_once(mon
         ds = loader.dataset
         mine = list(loader.epoch_sampler)
         keys[rank] = {ds.index.key(i) for i in mine}
-        assert len({int(ds.index.shards[i]) for i in mine}) <= 3  # whole shards, a split one at an end
+        # whole shards, one split at an end
+        assert len({int(ds.index.shards[i]) for i in mine}) <= 3
     assert not keys[0] & keys[1] and len(keys[0] | keys[1]) == 48
     states, before = [], []
     for rank in range(2):  # two batches on each of 2 ranks, then a restart on 3
@@ -205,7 +221,10 @@ def test_ranks_read_whole_shards_and_an_elastic_restart_covers_the_rest_once(mon
         loader = ranked_loader(monkeypatch, shards, 3, rank)
         loader.load_state_dict(states[rank % 2])
         after += [i for i in loader.epoch_sampler]
-    consumed = [i for r in range(2) for i in EpochSampler(48, seed=states[r]["seed"], num_replicas=2, rank=r,
-                                                          order=ds.epoch_order).indices(0)[:8]]
+    consumed = [
+        i for r in range(2)
+        for i in EpochSampler(48, seed=states[r]["seed"], num_replicas=2, rank=r,
+                              order=ds.epoch_order).indices(0)[:8]
+    ]
     assert len(set(consumed)) == 16 and set(after) | set(consumed) == set(range(48))
     assert len(after) - 32 < 3  # the rest once; the new split pads by repeating the epoch's head

@@ -181,7 +181,8 @@ class DeclaredImages(Dataset):
             image = self.pipeline.decode(data, seed) if pil else self.pipeline.run(data, seed)
         except DECODE_ERRORS as exc:
             raise self.corrupt(index, exc) from exc
-        image = self.finish(image, seed)  # outside the try: a transform's error is not a corrupt file
+        # outside the try: a transform's error is not a corrupt file
+        image = self.finish(image, seed)
         batchinfo.record(fetched - start, time.perf_counter() - fetched, 1)
         return image, self.target(label)
 

@@ -110,7 +110,9 @@ def _load_manifest(fs: Any, path: str) -> dict[str, Any] | None:
     return manifest if isinstance(manifest, dict) and "fastload" in manifest else None
 
 
-def _done_shards(fs: Any, root: str, manifest: dict[str, Any] | None, plan: dict[str, Any]) -> list[dict[str, Any]]:
+def _done_shards(
+    fs: Any, root: str, manifest: dict[str, Any] | None, plan: dict[str, Any],
+) -> list[dict[str, Any]]:
     """The shards a previous run of the same plan finished and that are still there, whole."""
     if manifest is None or manifest["fastload"].get("plan") != plan:
         return []
@@ -133,17 +135,19 @@ def pack(
     dst_options: dict[str, Any] | None = None,
     progress: Callable[[PackReport, int], None] | None = None,
 ) -> PackReport:
-    """Pack ``src`` (an ImageFolder, its root URL or a ``(path, label)`` list) into shards in ``dst``.
+    """Pack ``src`` (an ImageFolder, its root URL or a ``(path, label)`` list) into ``dst``.
 
     See NOTE [what pack writes]. ``progress(report, total_samples)`` is called after each
     shard. Raises a :class:`~fastload.errors.StorageError` (or a sample error naming the file)
     when a read or a write fails; what was finished stays and a rerun continues from it.
     """
     if shard_size < 4096:
-        raise ConfigError(f"shard_size={shard_size!r}: a shard must hold at least 4096 bytes (try 256MB)")
+        raise ConfigError(
+            f"shard_size={shard_size!r}: a shard must hold at least 4096 bytes (try 256MB)")
     if not prefix or "/" in prefix:
         raise ConfigError(f"prefix={prefix!r}: a file name prefix without '/' is needed")
-    source = src if isinstance(src, ImageFolder) else ImageFolder(src, storage_options=storage_options)  # type: ignore[arg-type]
+    source = src if isinstance(src, ImageFolder) else ImageFolder(
+        src, storage_options=storage_options)  # type: ignore[arg-type]
     fs, root = fsspec.core.url_to_fs(dst, **with_timeouts(dst, dst_options or {}))
     root = root.rstrip("/")
     with storage_errors("create", dst):
@@ -162,7 +166,8 @@ def pack(
         buffer, rows = io.BytesIO(), []
         first = pending[0]
         with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            while pending is not None and (not rows or _fits(tar.offset, len(pending[1]), shard_size)):
+            while pending is not None and (
+                    not rows or _fits(tar.offset, len(pending[1]), shard_size)):
                 i, data = pending
                 key, ext = _key_of(source, i)
                 label = str(source.index.label(i)).encode()

@@ -98,9 +98,13 @@ def _from_headers(fs: Any, path: str, size: int, url: str) -> ShardRows:
 def _from_index_file(fs: Any, path: str, text: str, url: str) -> ShardRows:
     samples = parse_dali_index(text, index_url_of(url))
     # v1.1 lists no names: a sample's key is then its position
-    members = [(name or f"{i:09d}.{ext}", off, size) for i, s in enumerate(samples) for ext, off, size, name in s]
+    members = [(name or f"{i:09d}.{ext}", off, size)
+               for i, sample in enumerate(samples) for ext, off, size, name in sample]
     wanted = [(n, o, s) for n, o, s in members if _is_label(n)]
-    data = fs.cat_ranges([path] * len(wanted), [o for _, o, _ in wanted], [o + s for _, o, s in wanted]) if wanted else []
+    data = []
+    if wanted:
+        data = fs.cat_ranges([path] * len(wanted), [o for _, o, _ in wanted],
+                             [o + s for _, o, s in wanted])
     return group_rows(members, {n: d for (n, _, _), d in zip(wanted, data)})
 
 
@@ -121,7 +125,8 @@ def _one_shard(fs: Any, url: str, path: str) -> tuple[str, ShardRows]:
 
 
 def _key(urls: Sequence[str], storage_options: dict[str, Any]) -> str:
-    options = json.dumps(storage_options or {}, sort_keys=True, default=lambda o: type(o).__qualname__)
+    options = json.dumps(storage_options or {}, sort_keys=True,
+                         default=lambda o: type(o).__qualname__)
     return f"{KEY_PREFIX}{FORMAT}:{digest(json.dumps(list(urls)))}#opts={digest(options)[:16]}"
 
 
@@ -133,7 +138,8 @@ def _load(cache: TieredCache, key: str, urls: Sequence[str], max_age: float) -> 
         try:
             index = ShardIndex.from_bytes(blob)
         except ValueError as exc:
-            logger.debug("ignoring the stored shard index %s in the %s tier: %s", key, tier.name, exc)
+            logger.debug("ignoring the stored shard index %s in the %s tier: %s",
+                         key, tier.name, exc)
             continue
         age = time.time() - index.listed_at
         if index.urls == list(urls) and -300 <= age <= max_age:
@@ -154,10 +160,12 @@ def shard_index(
             logger.debug("shard index of %d shards reused from the cache", len(urls))
             return found
     start = time.perf_counter()
-    with ThreadPoolExecutor(min(BUILD_JOBS, max(1, len(urls))), thread_name_prefix="fastload-index") as pool:
+    jobs = min(BUILD_JOBS, max(1, len(urls)))
+    with ThreadPoolExecutor(jobs, thread_name_prefix="fastload-index") as pool:
         built = list(pool.map(lambda up: _one_shard(fs, *up), zip(urls, paths)))
     index = ShardIndex.build(urls, [v for v, _ in built], [r for _, r in built], extra={"key": key})
-    logger.info("indexed %d samples in %d shards in %.1f s", len(index), len(urls), time.perf_counter() - start)
+    logger.info("indexed %d samples in %d shards in %.1f s",
+                len(index), len(urls), time.perf_counter() - start)
     if cache is not None:
         blob = index.to_bytes()
         for tier in (t for t in cache.tiers if t.shared):

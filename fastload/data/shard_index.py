@@ -31,7 +31,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FORMAT", "IMAGE_EXTENSIONS", "LABEL_EXTENSIONS", "ShardIndex", "ShardRows", "parse_label"]
+__all__ = [
+    "FORMAT", "IMAGE_EXTENSIONS", "LABEL_EXTENSIONS", "ShardIndex", "ShardRows", "parse_label",
+]
 
 FORMAT = "fastload-shards-1"
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -90,7 +92,8 @@ class ShardIndex:
             names = sorted(set(names) | {str(v) for v in raw if isinstance(v, int)})
         position = {name: i for i, name in enumerate(names)}
         labels = [-1 if v is None else position[str(v)] if names else v for v in raw]
-        classes = names or [str(i) for i in range(max([v for v in labels if v >= 0], default=-1) + 1)]
+        top = max([v for v in labels if v >= 0], default=-1)
+        classes = names or [str(i) for i in range(top + 1)]
         keys = [k.encode("utf-8", "surrogateescape") for r in rows for k in r.keys]
         arrays = {
             "shard": np.concatenate([np.full(len(r.keys), i, np.int32) for i, r in enumerate(rows)]
@@ -169,6 +172,7 @@ class ShardIndex:
             loaded = {name: arrays[name] for name in arrays.files}
         index = cls(meta, loaded)
         n = len(index)
-        if not all(len(a) == n for a in (index.shards, index.lengths, index.labels, index._key_ends)):
+        rows = (index.shards, index.lengths, index.labels, index._key_ends)
+        if not all(len(a) == n for a in rows):
             raise ValueError("the shard index's arrays differ in length (damaged)")
         return index

@@ -68,9 +68,10 @@ class ShardOrder:
         shards = rng.permutation(len(self.sizes))
         parts = []
         for w in range(0, len(shards), self.window):
-            members = np.concatenate(
-                [np.arange(self.starts[s], self.starts[s] + self.sizes[s]) for s in shards[w: w + self.window]]
-            )
+            members = np.concatenate([
+                np.arange(self.starts[s], self.starts[s] + self.sizes[s])
+                for s in shards[w: w + self.window]
+            ])
             rng.shuffle(members)
             parts.append(members)
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)

@@ -110,7 +110,8 @@ class TarShards(DeclaredImages):
         shuffle_window: int = 4,
     ) -> None:
         where = "TarShards"
-        self.on_error: OnError = check_choice(where, "on_error", on_error, ("raise", "skip"))  # type: ignore[assignment]
+        self.on_error: OnError = check_choice(  # type: ignore[assignment]
+            where, "on_error", on_error, ("raise", "skip"))
         size = check_size(where, "size", size)
         train = check_bool(where, "train", train)
         check_steps(normalize, pipeline)
@@ -121,12 +122,14 @@ class TarShards(DeclaredImages):
         check_callables(target_transform=target_transform)
         self.transform, self.target_transform = transform, target_transform
         self.compiled: CompiledTransform | None
-        self.pipeline, self.compiled = decode_steps(default_loader, transform, pipeline, size, train, normalize, cache)
+        self.pipeline, self.compiled = decode_steps(
+            default_loader, transform, pipeline, size, train, normalize, cache)
         self.urls = _urls(shards)
         self._cache: TieredCache | None = open_cache(cache)
         fs, paths = self._open_all()
         self.paths = paths
-        self.local = all(fsspec.core.split_protocol(u)[0] in (None, "file", "local") for u in self.urls)
+        self.local = all(
+            fsspec.core.split_protocol(u)[0] in (None, "file", "local") for u in self.urls)
         self.index: ShardIndex = shard_index(fs, self.urls, paths, cache=self._cache,
                                              storage_options=self.storage_options, max_age=max_age)
         if len(self.index) == 0:
@@ -139,9 +142,10 @@ class TarShards(DeclaredImages):
         self._order = ShardOrder(self.index.shard_sizes(), self.shuffle_window)
 
     def _open_all(self) -> tuple[Any, list[str]]:
-        opened = [fsspec.core.url_to_fs(u, **with_timeouts(u, self.storage_options)) for u in self.urls]
+        opened = [self._url_to_fs(u) for u in self.urls]
         if len({type(fs) for fs, _ in opened}) > 1:
-            raise ConfigError(f"TarShards reads shards of one filesystem; {self.urls} mix protocols")
+            raise ConfigError(
+                f"TarShards reads shards of one filesystem; {self.urls} mix protocols")
         self._fs, self._pid = opened[0][0], os.getpid()
         return opened[0][0], [p for _, p in opened]
 
@@ -149,8 +153,11 @@ class TarShards(DeclaredImages):
     def fs(self) -> Any:
         """The shards' filesystem (opened again in a new process)."""
         if self._fs is None or self._pid != os.getpid():
-            self._fs, self._pid = fsspec.core.url_to_fs(self.urls[0], **with_timeouts(self.urls[0], self.storage_options))[0], os.getpid()
+            self._fs, self._pid = self._url_to_fs(self.urls[0])[0], os.getpid()
         return self._fs
+
+    def _url_to_fs(self, url: str) -> tuple[Any, str]:
+        return fsspec.core.url_to_fs(url, **with_timeouts(url, self.storage_options))
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -177,14 +184,16 @@ class TarShards(DeclaredImages):
         return len(self.index)
 
     def __repr__(self) -> str:
-        return (f"TarShards({self.urls[0]!r}{' ...' if len(self.urls) > 1 else ''}, {len(self.urls)} shards, "
+        more = " ..." if len(self.urls) > 1 else ""
+        return (f"TarShards({self.urls[0]!r}{more}, {len(self.urls)} shards, "
                 f"{len(self)} images, {len(self.classes)} classes, on_error={self.on_error!r})")
 
     def label(self, index: int) -> int:
         return int(self.index.labels[int(index)])
 
     def sample_name(self, index: int) -> str:
-        return f"{os.path.basename(self.urls[int(self.index.shards[int(index)])])}:{self.index.key(int(index))}"
+        shard = self.urls[int(self.index.shards[int(index)])]
+        return f"{os.path.basename(shard)}:{self.index.key(int(index))}"
 
     def sample_url(self, index: int) -> str:
         return f"{self.urls[int(self.index.shards[int(index)])]}#{self.index.key(int(index))}"
@@ -199,7 +208,8 @@ class TarShards(DeclaredImages):
         if self._cache is None or self.local:
             return None
         shard, _, offset, length = self._where(index)
-        return self._cache.key_of(f"{self.urls[shard]}#{offset}+{length}", self.index.versions[shard])
+        member = f"{self.urls[shard]}#{offset}+{length}"
+        return self._cache.key_of(member, self.index.versions[shard])
 
     def _cached(self, key: str) -> bytes | None:
         assert self._cache is not None
@@ -234,7 +244,8 @@ class TarShards(DeclaredImages):
                 self._store(key, data)
             return data
         except Exception as exc:  # NOTE [storage errors] in fastload.io.errors
-            raise self.unreadable(index, storage_error(exc, "read", self.sample_url(index))) from exc
+            error = storage_error(exc, "read", self.sample_url(index))
+            raise self.unreadable(index, error) from exc
 
     def read_batch(self, indices: Sequence[int]) -> list[bytes | Exception | None]:
         """A remote batch's bytes at once: cached ones from the cache, the rest in one
@@ -243,7 +254,8 @@ class TarShards(DeclaredImages):
             return [None] * len(indices)
         start = time.perf_counter()
         keys = [self._key(i) for i in indices]
-        out: list[bytes | Exception | None] = [self._cached(k) if k is not None else None for k in keys]
+        out: list[bytes | Exception | None] = [
+            self._cached(k) if k is not None else None for k in keys]
         missing = [k for k, data in enumerate(out) if data is None]
         if missing:
             where = [self._where(indices[k]) for k in missing]

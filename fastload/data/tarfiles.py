@@ -157,7 +157,8 @@ def walk_members(
         length, kind = _number(header[124:136]), header[156:157]
         data_at = pos + BLOCK
         if data_at + length > size:
-            raise ValueError(f"{where}: the member at byte {pos} ends past the file's end ({size} bytes)")
+            raise ValueError(
+                f"{where}: the member at byte {pos} ends past the file's end ({size} bytes)")
         if kind in (b"L", b"x"):
             data = blocks.get(data_at, length)
             long_name = _text(data) if kind == b"L" else (_pax_path(data) or long_name)

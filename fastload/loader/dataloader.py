@@ -8,7 +8,8 @@ batches in the same order for the same seed. What differs:
   value and why. An explicit value always wins.
 * ``device="cuda"`` returns batches already on the GPU, copied one batch ahead on a side
   stream (:mod:`fastload.device`).
-* Declared datasets (:class:`fastload.ImageFolder`) get an epoch-seeded sampler, per-sample
+* Declared datasets (:class:`fastload.ImageFolder`, :class:`fastload.TarShards`: NOTE [a
+  declared dataset]) get an epoch-seeded sampler (a shard-aware order for shards), per-sample
   augmentation seeds, worker timings carried with each batch, and ``on_error="skip"``
   reporting at the end of each epoch.
 
