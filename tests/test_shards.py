@@ -4,7 +4,10 @@ index, DALI index files, the shard-aware order (ranks, resume, shuffle quality).
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -228,3 +231,25 @@ def test_ranks_read_whole_shards_and_an_elastic_restart_covers_the_rest_once(mon
     ]
     assert len(set(consumed)) == 16 and set(after) | set(consumed) == set(range(48))
     assert len(after) - 32 < 3  # the rest once; the new split pads by repeating the epoch's head
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_torchrun_ranks_agree_on_the_order_and_read_disjoint_whole_shards(shards, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    script = Path(__file__).parent / "dist_scripts" / "shards_ranks.py"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(script), shards, "--out", str(tmp_path)],
+        env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["seed"] == ranks[1]["seed"]  # rank 0's, broadcast
+    for epoch in range(2):
+        parts = [r["epochs"][epoch] for r in ranks]
+        assert not set(parts[0]["keys"]) & set(parts[1]["keys"])
+        assert len(set(parts[0]["keys"]) | set(parts[1]["keys"])) == 48
+        for part in parts:
+            assert part["labels"] == part["expected"]  # the loader ran that order
+            assert len(set(part["shards"])) <= 3  # whole shards, one split at an end
+    assert ranks[0]["epochs"][0]["keys"] != ranks[0]["epochs"][1]["keys"]
