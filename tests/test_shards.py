@@ -19,7 +19,7 @@ import webdataset as wds
 from fastload import DataLoader, EpochSampler, ImageFolder, TarShards
 from fastload.data.shard_order import ShardOrder, shuffle_quality
 from fastload.data.tarfiles import expand_braces, index_url_of, split_key, write_dali_index
-from fastload.errors import CorruptSampleError, DatasetError
+from fastload.errors import CorruptSampleError, DatasetError, MissingSampleError
 from tests.contracts.resume import interrupted, same_batches
 
 pytestmark = pytest.mark.timeout(180)
@@ -119,6 +119,19 @@ def test_skip_names_a_corrupt_member_and_raise_raises_it(jpeg_root, tmp_path):
     bad = next(i for i in range(len(strict)) if strict.index.key(i) == "class_01/img_000005")
     with pytest.raises(CorruptSampleError, match=r"train-000001\.tar#class_01/img_000005"):
         strict[bad]
+
+
+def test_a_shard_gone_since_the_index_is_named_and_skipped(jpeg_root, tmp_path):
+    pattern = write_shards(jpeg_root, tmp_path / "gone")
+    ds = TarShards(pattern, size=32, on_error="skip")
+    os.remove(expand_braces(pattern)[2])
+    loader = DataLoader(ds, batch_size=8, backend="torch", num_workers=2,
+                        multiprocessing_context="spawn")  # pickled into fresh processes
+    assert sum(len(y) for _, y in loader) == 38 and len(loader.skipped) == 10
+    raising = ds.with_pipeline(ds.pipeline)
+    raising.on_error = "raise"
+    with pytest.raises(MissingSampleError, match=r"train-000002\.tar#.*build the TarShards again"):
+        raising[25]
 
 
 def test_the_index_is_stored_in_the_cache_and_reused(jpeg_root, tmp_path):

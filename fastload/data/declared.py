@@ -148,7 +148,8 @@ class DeclaredImages(Dataset):
 
     def unreadable(self, index: int, exc: BaseException) -> UnreadableSampleError:
         """The error for sample ``index`` whose bytes cannot be read (``exc`` says why)."""
-        return sample_errors.unreadable(self.sample_url(index), index, self.sample_name(index), exc)
+        return sample_errors.unreadable(self.sample_url(index), index, self.sample_name(index),
+                                        exc, dataset=type(self).__name__)
 
     def corrupt(self, index: int, exc: BaseException) -> CorruptSampleError:
         """The error for sample ``index`` whose bytes do not decode (``exc`` says why)."""
