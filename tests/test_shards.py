@@ -101,6 +101,22 @@ def test_loader_gives_each_sample_once_with_the_threads_engine_and_workers(shard
         assert (xa.float() - xb.float()).abs().mean() < 3
 
 
+class Doubled(TarShards):
+    """A subclass with its own __getitem__: only torch workers call it."""
+
+    def __getitem__(self, index):
+        image, label = super().__getitem__(index)
+        return image, label * 2
+
+
+def test_a_subclass_that_overrides_the_read_path_runs_on_torch(shards):
+    ds = Doubled(shards, size=32)
+    assert "Doubled overrides TarShards.__getitem__" in ds.torch_only_reason()
+    loader = DataLoader(ds, batch_size=8)
+    assert loader.backend == "torch"
+    assert sorted(torch.cat([y for _, y in loader]).tolist()) == sorted((ds.targets * 2).tolist())
+
+
 def test_exact_mid_epoch_resume(shards):
     make = lambda: DataLoader(TarShards(shards, size=32, train=True, seed=7), batch_size=5,
                               shuffle=True)

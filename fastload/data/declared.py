@@ -41,6 +41,7 @@ from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from fastload.data import batchinfo, sample_errors
+from fastload.data.folder_rules import READ_PATH, overridden
 from fastload.data.pipeline import ImagePipeline, Normalize
 from fastload.data.sample_errors import DECODE_ERRORS
 from fastload.data.sampling import mix_seed
@@ -124,7 +125,17 @@ class DeclaredImages(Dataset):
         return None
 
     def torch_only_reason(self) -> str | None:
-        """Why only torch workers can run this dataset's samples, or None."""
+        """Why only torch workers can run this dataset's samples, or None: a subclass that
+        overrides the read path (``__getitem__``, ``__getitems__``, ``load``, ``finish``),
+        which the in-process engines do not call."""
+        base = next(c for c in type(self).__mro__ if DeclaredImages in c.__bases__)
+        own = overridden(type(self), base, READ_PATH)
+        if own:
+            methods = ", ".join(f"{base.__name__}.{name}" for name in own)
+            return (
+                f"{type(self).__name__} overrides {methods}; only torch workers call it "
+                "(threads and DALI run the declared files and pipeline)"
+            )
         return None
 
     @property
