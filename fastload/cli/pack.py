@@ -55,10 +55,10 @@ def _source(src: str) -> str | list[tuple[str, int]]:
 def pack(src: str, dst: str, shard_size: str, prefix: str, src_options: tuple[str, ...],
          dst_options: tuple[str, ...], as_json: bool) -> None:
     """Pack the images of SRC (a class-per-folder root, any fsspec URL, or a file of 'PATH
-    LABEL' lines) into WebDataset tar shards in DST, readable by webdataset, wids and DALI.
+    LABEL' lines) into WebDataset tar shards in DST, readable by webdataset unchanged.
 
-    Each shard gets a DALI index (.idx) and DST a shards.json (wids' format). Interrupted,
-    the same command continues after the last finished shard.
+    Each shard gets an index in DALI's wds2idx format (.idx) and DST a shards.json in wids'
+    shard-index format. Interrupted, the same command continues after the last finished shard.
     """
     from fastload.cache.config import parse_size
     from fastload.data.pack import PackReport
