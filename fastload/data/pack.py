@@ -7,8 +7,8 @@ sample is two members that share its key (its path below the root, without the e
 as webdataset expects): ``<key>.<ext>`` with the file's bytes unchanged, and ``<key>.cls``
 with its label as decimal text. The tars are plain POSIX (pax) tar files, as webdataset's
 own ``TarWriter`` makes them. Beside each shard is its DALI index (``x.idx``, ``wds2idx``'s
-v1.2 format: DALI's reader and :class:`~fastload.TarShards` then read no headers), and in
-``dst`` a ``shards.json`` in wids' shard-index format (``__kind__: wids-shard-index-v1``,
+v1.2 format, for DALI's reader's ``index_paths``, not yet tested with it;
+:class:`~fastload.TarShards` then reads no headers), and in ``dst`` a ``shards.json`` in wids' shard-index format (``__kind__: wids-shard-index-v1``,
 ``shardlist`` of ``url``/``nsamples``) with fastload's own fields under ``"fastload"``: the
 classes, the source, and each finished shard's sample range.
 
