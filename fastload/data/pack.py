@@ -8,9 +8,10 @@ as webdataset expects): ``<key>.<ext>`` with the file's bytes unchanged, and ``<
 with its label as decimal text. The tars are plain POSIX (pax) tar files, as webdataset's
 own ``TarWriter`` makes them. Beside each shard is its DALI index (``x.idx``, ``wds2idx``'s
 v1.2 format, for DALI's reader's ``index_paths``, not yet tested with it;
-:class:`~fastload.TarShards` then reads no headers), and in ``dst`` a ``shards.json`` in wids' shard-index format (``__kind__: wids-shard-index-v1``,
-``shardlist`` of ``url``/``nsamples``) with fastload's own fields under ``"fastload"``: the
-classes, the source, and each finished shard's sample range.
+:class:`~fastload.TarShards` then reads no headers), and in ``dst`` a ``shards.json`` in
+wids' shard-index format (``__kind__: wids-shard-index-v1``, ``shardlist`` of
+``url``/``nsamples``) with fastload's own fields under ``"fastload"``: the classes, the
+source, and each finished shard's sample range.
 
 A shard is written to a temporary name and renamed (locally) or written whole by one
 ``open(..., "wb")`` (object stores make it visible at close); ``shards.json`` is rewritten
