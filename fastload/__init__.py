@@ -45,6 +45,7 @@ _LAZY = {
     "ResizeKeepRatio": "fastload.data.pipeline",
     "Setting": "fastload.settings",
     "StarvationMeter": "fastload.meter",
+    "TarShards": "fastload.data.shards",
     "measure": "fastload.meter",
 }
 __getattr__, __dir__ = _attach(__name__, _LAZY, globals())
@@ -80,6 +81,7 @@ __all__ = [
     "SampleError",
     "Setting",
     "StarvationMeter",
+    "TarShards",
     "StorageError",
     "UnreadableSampleError",
     "__version__",

@@ -129,7 +129,7 @@ def test_png_and_grayscale_go_through(tmp_path):
 
 
 def test_backend_threads_refuses_what_it_cannot_run(jpeg_root):
-    with pytest.raises(BackendUnavailable, match="not a declared fastload ImageFolder"):
+    with pytest.raises(BackendUnavailable, match="not a declared fastload dataset"):
         DataLoader(torch.utils.data.TensorDataset(torch.zeros(4)), backend="threads")
     with pytest.raises(BackendUnavailable, match="collate_fn"):
         DataLoader(ImageFolder(jpeg_root, size=24), backend="threads", collate_fn=lambda b: b)

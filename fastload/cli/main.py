@@ -14,6 +14,7 @@ import click
 from fastload.version import __version__
 from fastload.cli.bench import bench as bench_command
 from fastload.cli.cache import cache as cache_command
+from fastload.cli.pack import pack as pack_command
 from fastload.errors import FastloadError, OriginUnavailableError
 
 
@@ -28,6 +29,7 @@ def cli(verbose: int) -> None:
 
 cli.add_command(bench_command)
 cli.add_command(cache_command)
+cli.add_command(pack_command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,13 +18,14 @@ from typing import Any
 import click
 
 
-def storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """The storage options of repeated ``-o KEY=VALUE``; a malformed pair exits 2."""
+def storage_options(pairs: tuple[str, ...], option: str = "--storage-option") -> dict[str, Any]:
+    """The storage options of repeated ``-o KEY=VALUE`` (``option`` names the flag in the
+    error); a malformed pair exits 2."""
     options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--storage-option")
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint=option)
         try:
             options[key] = json.loads(value)
         except ValueError:

@@ -23,14 +23,9 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
-from typing import Any, Literal
-
-import torch
-from torch.utils.data import Dataset, get_worker_info
+from typing import Any
 
 from fastload.arguments import (
     check_bool,
@@ -42,7 +37,8 @@ from fastload.arguments import (
 )
 from fastload.cache import TieredCache, open_cache
 from fastload.cache.filesystem import CachedReads
-from fastload.data import batchinfo, listing, sample_errors
+from fastload.data import batchinfo, listing
+from fastload.data.declared import DeclaredImages, OnError
 from fastload.data.folder_args import check_callables, check_root, check_steps, decode_steps
 from fastload.data.folder_rules import (
     IMAGE_EXTENSIONS,
@@ -55,25 +51,19 @@ from fastload.data.folder_rules import (
 from fastload.data.index_views import IndexVersions
 from fastload.data.pipeline import ImagePipeline, Normalize
 from fastload.data.sample_errors import DECODE_ERRORS
-from fastload.data.sampling import mix_seed
 from fastload.data.stored_listing import DEFAULT_MAX_AGE_S, store_versions
 from fastload.data.torchvision_folder import TorchvisionFolder, list_pairs, list_root
 from fastload.data.transcode import transcoding
 from fastload.data.transforms import CompiledTransform
-from fastload.errors import CorruptSampleError, SampleError, StorageError
-from fastload.errors import UnreadableSampleError
+from fastload.errors import StorageError
 from fastload.io.storage import Storage
 
 logger = logging.getLogger(__name__)
 
-OnError = Literal["raise", "skip"]
-
-_each_sample = threading.local()  # .raising: a subclass's __getitem__ runs inside __getitems__
-
 __all__ = ["DECODE_ERRORS", "IMAGE_EXTENSIONS", "ImageFolder"]
 
 
-class ImageFolder(TorchvisionFolder, Dataset):
+class ImageFolder(TorchvisionFolder, DeclaredImages):
     """Images below ``root`` (class-per-folder), or an explicit list of ``(path, label)``.
 
     Takes torchvision's ``ImageFolder`` arguments in its order, with their meaning
@@ -249,45 +239,25 @@ class ImageFolder(TorchvisionFolder, Dataset):
             + (f", transform: {'; '.join(self.compiled.notes)})" if self.compiled else ")")
         )
 
-    def with_pipeline(self, pipeline: ImagePipeline) -> ImageFolder:
-        """A copy over the same files with another pipeline (used to move steps to a device)."""
-        clone = object.__new__(type(self))
-        clone.__dict__.update(self.__dict__)
-        clone.pipeline = pipeline
-        return clone
-
-    def sample_seed(self, index: int) -> int:
-        """Seed of a sample's augmentation: from its SampleIndex, else from ``seed`` or torch."""
-        seed = getattr(index, "seed", None)
-        if seed is not None:
-            return seed
-        if self.seed is not None:
-            return mix_seed(self.seed, int(index))
-        return int(torch.randint(0, 2**62, (1,)).item())
-
-    def load(self, index: int, data: bytes | Exception | None = None) -> tuple[torch.Tensor, int]:
-        """Read and transform one sample; errors name the file and the index. ``data``: its
-        bytes, or its read's error, where :meth:`read_batch` read them already."""
+    def load(self, index: int, data: bytes | Exception | None = None) -> tuple[Any, Any]:
+        """Read and transform one sample (NOTE [a declared dataset]); a custom ``loader``
+        reads and decodes the file itself."""
         if not is_default_loader(self.loader):
             return self.load_with_loader(index)
-        label = self.index.label(index)
-        start = time.perf_counter()
-        if data is None:
-            data = self.read_bytes(index)
-        elif isinstance(data, Exception):
-            if isinstance(data, (StorageError, OSError)):
-                raise self.unreadable(index, data) from data
-            raise data
-        fetched = time.perf_counter()
-        seed = self.sample_seed(index)
-        try:
-            pil = self.compiled is not None and self.compiled.takes_pil  # no tensor round trip
-            image = self.pipeline.decode(data, seed) if pil else self.pipeline.run(data, seed)
-        except DECODE_ERRORS as exc:
-            raise self.corrupt(index, exc) from exc
-        image = self.finish(image, seed)  # outside the try: a transform's error is not a corrupt file
-        batchinfo.record(fetched - start, time.perf_counter() - fetched, 1)
-        return image, self.target(label)
+        return super().load(index, data)
+
+    def label(self, index: int) -> int:
+        return self.index.label(index)
+
+    def sample_name(self, index: int) -> str:
+        return self.index.path(index)
+
+    def sample_url(self, index: int) -> str:
+        return self.storage.to_url(self.index.path(index))
+
+    @property
+    def reads_local_files(self) -> bool:
+        return self.storage.is_local
 
     def read_bytes(self, index: int) -> bytes:
         """The encoded bytes of sample ``index``.
@@ -313,100 +283,3 @@ class ImageFolder(TorchvisionFolder, Dataset):
         out = self.storage.read_many([index.path(i) for i in indices], [index.version(i) for i in indices])
         batchinfo.record(time.perf_counter() - start, 0.0, 0)
         return out  # type: ignore[return-value]
-
-    def unreadable(self, index: int, exc: BaseException) -> UnreadableSampleError:
-        """The error for sample ``index`` whose bytes cannot be read (``exc`` says why)."""
-        path = self.index.path(index)
-        return sample_errors.unreadable(self.storage.to_url(path), index, path, exc)
-
-    def corrupt(self, index: int, exc: BaseException) -> CorruptSampleError:
-        """The error for sample ``index`` whose bytes do not decode (``exc`` says why)."""
-        path = self.index.path(index)
-        return sample_errors.corrupt(self.storage.to_url(path), index, path, exc)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        try:
-            return self.load(index)
-        except SampleError as exc:
-            return self._failed(exc)
-
-    def __getitems__(self, indices: Sequence[int]) -> Sequence[tuple[torch.Tensor, int]]:
-        """A batch's samples; under ``on_error="skip"`` failed ones are left out and recorded.
-
-        Under ``on_error="raise"`` the first failure raises a SampleError; inside a worker
-        process it comes back as a :class:`~fastload.data.batchinfo.FailedBatch` that raises it
-        when looked at (NOTE [sample errors cross the process boundary]). A subclass's own
-        ``__getitem__`` is called for each sample, as torch calls it without this method.
-        """
-        if type(self).__getitem__ is not ImageFolder.__getitem__:
-            return self._each(indices)
-        batch = self.read_batch(indices)
-        if self.on_error == "raise":
-            try:
-                return [self.load(i, data) for i, data in zip(indices, batch)]
-            except SampleError as exc:
-                return self._failed(exc)
-        out = []
-        for i, data in zip(indices, batch):
-            try:
-                out.append(self.load(i, data))
-            except SampleError as exc:  # every read or decode failure of one sample
-                batchinfo.record_skip(self.skipped(i, exc))
-        return out
-
-    def skipped(self, index: int, exc: SampleError) -> batchinfo.Skipped:
-        """The record of sample ``index`` skipped under ``on_error="skip"`` for ``exc``."""
-        path = exc.path or self.index.path(index)
-        logger.debug("skipped sample %d (%s): %s", int(index), path, exc)
-        return batchinfo.Skipped(int(index), path, str(exc))
-
-    def _each(self, indices: Sequence[int]) -> Any:
-        """A batch by a subclass's ``__getitem__``, sample by sample, with ``on_error``."""
-        out = []
-        _each_sample.raising = True  # ImageFolder.__getitem__ raises, even in a worker
-        try:
-            for i in indices:
-                try:
-                    out.append(self[i])
-                except SampleError as exc:
-                    if self.on_error == "raise":
-                        _each_sample.raising = False
-                        return self._failed(exc)
-                    batchinfo.record_skip(self.skipped(i, exc))
-        finally:
-            _each_sample.raising = False
-        return out
-
-    @staticmethod
-    def _failed(exc: SampleError) -> batchinfo.FailedBatch:
-        """Raise ``exc`` here, or in a worker hand it to the main process intact (NOTE
-        [sample errors cross the process boundary] in :mod:`fastload.data.batchinfo`)."""
-        if get_worker_info() is None or getattr(_each_sample, "raising", False):
-            raise exc
-        return batchinfo.FailedBatch(exc)
-
-    def finish(self, image: torch.Tensor, seed: int) -> Any:
-        """The sample from the pipeline's ``image``: the rest of a user ``transform`` applied.
-
-        Every engine calls this after ``pipeline.run(data, seed)`` with the same seed, so they
-        all give the same sample; without a transform (or with one fully compiled) it returns
-        ``image`` unchanged. Safe from several threads (NOTE [one lock for the global
-        generators] in :mod:`fastload.data.transforms`). Example::
-
-            >>> image = ds.pipeline.run(ds.read_bytes(3), seed=11)
-            >>> sample = ds.finish(image, seed=11)      # == ds.load(SampleIndex(3, 11))[0]
-        """
-        return image if self.compiled is None else self.compiled.apply_rest(image, seed)
-
-    def without_normalize(self) -> tuple[ImageFolder, Normalize | None]:
-        """This dataset emitting uint8 images, and the Normalize step it dropped, if any."""
-        if self.compiled is not None and self.compiled.normalize is not None:
-            # A transform's trailing Normalize runs after its rest, not in the pipeline.
-            clone = self.with_pipeline(self.pipeline)
-            clone.compiled, norm = self.compiled.without_normalize()
-            return clone, norm
-        norm = self.pipeline.normalize
-        if norm is None:
-            return self, None
-        return self.with_pipeline(replace(self.pipeline).without_normalize()), norm
-

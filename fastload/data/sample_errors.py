@@ -33,16 +33,19 @@ NOT_READ_ERRORS = (UnidentifiedImageError, SyntaxError, ValueError, Image.Decomp
 decode; any other ``OSError`` from it is a read that failed."""
 
 
-def unreadable(url: str, index: int, path: str, exc: BaseException) -> UnreadableSampleError:
+def unreadable(
+    url: str, index: int, path: str, exc: BaseException, *, dataset: str = "ImageFolder",
+) -> UnreadableSampleError:
     """The error for sample ``index`` (file ``path`` at ``url``) whose bytes cannot be read.
 
     :class:`~fastload.errors.MissingSampleError` for a file gone since the listing, else an
     :class:`~fastload.errors.UnreadableSampleError` whose fix fits the cause in ``exc``.
+    ``dataset``: the class to build again to re-list.
     """
     root = exc.__cause__ if isinstance(exc, StorageError) and exc.__cause__ else exc
     if isinstance(exc, FileNotFoundError):
         kind: type[UnreadableSampleError] = MissingSampleError
-        fix = ("It was listed but is gone: restore it, or build the ImageFolder again to re-list "
+        fix = (f"It was listed but is gone: restore it, or build the {dataset} again to re-list "
                "(with listing_max_age=0 for a remote root)")
     elif isinstance(root, PermissionError):
         kind, fix = UnreadableSampleError, "Make it readable by this process (chmod, chown)"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator, Sized
+from typing import Any
 
 import torch
 from torch.utils.data.distributed import DistributedSampler
@@ -81,6 +82,10 @@ class EpochSampler(DistributedSampler):
     itself (Accelerate's ``BatchSamplerShard``) splits it once, and so does fastload
     (docs/integrations.md).
 
+    ``order``: an object whose ``permutation(seed, epoch, shuffle=, num_replicas=)`` gives
+    the epoch's permutation instead of a uniform one (a sharded dataset's
+    :class:`~fastload.data.shard_order.ShardOrder`, NOTE [shard-aware order]).
+
     Example::
 
         >>> s = EpochSampler(10, shuffle=True, seed=0)
@@ -99,6 +104,7 @@ class EpochSampler(DistributedSampler):
         rank: int = 0,
         drop_last: bool = False,
         tag_seeds: bool = False,
+        order: Any = None,
     ) -> None:
         self.size = data_source if isinstance(data_source, int) else len(data_source)
         if num_replicas < 1 or not 0 <= rank < num_replicas:
@@ -109,18 +115,20 @@ class EpochSampler(DistributedSampler):
         self.rank = rank
         self.drop_last = drop_last
         self.tag_seeds = tag_seeds
+        self.order = order  # permutation(seed, epoch, shuffle=, num_replicas=), or None: uniform
         self.epoch = 0
         self.dataset = data_source if not isinstance(data_source, int) else range(data_source)
         self.iterations = 0  # how many times this object was iterated (a public view: by whom?)
         self.loader_view = False  # a fastload loader's public all-ranks order (fastload.loader.plan)
         self._resumed: tuple[int, int, int, int] | None = None  # (epoch, start, stop, skip)
+        self._layout: tuple[int, int] | None = None  # (epoch, ranks its `order` was laid out for)
 
     def for_rank(self, rank: int, num_replicas: int) -> EpochSampler:
         """The same order (seed, shuffle, epoch, padding), as the share of ``rank`` of
         ``num_replicas``; no resume span."""
         twin = EpochSampler(
             self.dataset, shuffle=self.shuffle, seed=self.seed, num_replicas=num_replicas,
-            rank=rank, drop_last=self.drop_last, tag_seeds=self.tag_seeds,
+            rank=rank, drop_last=self.drop_last, tag_seeds=self.tag_seeds, order=self.order,
         )
         twin.epoch = self.epoch
         twin.loader_view = False
@@ -137,10 +145,15 @@ class EpochSampler(DistributedSampler):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    def resume(self, epoch: int, *, start: int = 0, stop: int | None = None, skip: int = 0) -> None:
+    def resume(
+        self, epoch: int, *, start: int = 0, stop: int | None = None, skip: int = 0,
+        layout: int | None = None,
+    ) -> None:
         """Make ``epoch`` cover only ``perm[start:stop]``, this rank skipping ``skip`` indices.
 
-        Other epochs are unaffected. See NOTE [resumed epochs].
+        Other epochs are unaffected. See NOTE [resumed epochs]. ``layout``: the number of
+        ranks the saved permutation was laid out for, where an ``order`` depends on it (a
+        restart on another number of ranks re-splits that permutation's rest).
         """
         stop = self.size if stop is None else stop
         if not 0 <= start <= stop <= self.size or skip < 0:
@@ -148,6 +161,14 @@ class EpochSampler(DistributedSampler):
                 f"resume span [{start}:{stop}] skip={skip} does not fit a dataset of {self.size}"
             )
         self._resumed = (int(epoch), int(start), int(stop), int(skip))
+        self._layout = None if layout is None else (int(epoch), int(layout))
+
+    def layout(self, epoch: int | None = None) -> int:
+        """The number of ranks an epoch's permutation is laid out for (see :meth:`resume`)."""
+        epoch = self.epoch if epoch is None else epoch
+        if self._layout is not None and self._layout[0] == epoch:
+            return self._layout[1]
+        return self.num_replicas
 
     def span(self, epoch: int | None = None) -> tuple[int, int, int]:
         """``(start, stop, skip)`` of an epoch: ``(0, size, 0)`` unless it was resumed."""
@@ -173,6 +194,9 @@ class EpochSampler(DistributedSampler):
         return max(0, self.shard_len() - self.span()[2])
 
     def _permutation(self, epoch: int) -> list[int]:
+        if self.order is not None:  # a dataset's own order (NOTE [shard-aware order])
+            return self.order.permutation(self.seed, epoch, shuffle=self.shuffle,
+                                          num_replicas=self.layout(epoch))
         if not self.shuffle:
             return list(range(self.size))
         g = torch.Generator()

@@ -24,17 +24,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
-
-import torch
-from torch.utils.data import default_collate
 
 from fastload.cache import TieredCache
 from fastload.data import batchinfo, listing
 from fastload.data.folder_rules import (
-    READ_PATH,
     FolderRules,
     check_class_to_idx,
     folder_rules,
@@ -55,9 +51,10 @@ from fastload.io.storage import Storage
 class TorchvisionFolder:
     """What ``ImageFolder`` shares with torchvision's ``DatasetFolder`` (see the module doc).
 
-    The class that derives from it directly (``ImageFolder``) sets the attributes below and
-    has ``corrupt``, ``unreadable`` and ``sample_seed``; its methods named in
-    :data:`~fastload.data.folder_rules.READ_PATH` are the declared read path.
+    The class that derives from it directly (``ImageFolder``, also a
+    :class:`~fastload.data.declared.DeclaredImages`, which gives ``corrupt``, ``unreadable``,
+    ``sample_seed``, ``target`` and ``batch_targets``) sets the attributes below; its methods
+    named in :data:`~fastload.data.folder_rules.READ_PATH` are the declared read path.
     """
 
     index: DatasetIndex
@@ -94,12 +91,6 @@ class TorchvisionFolder:
             "labels with the paths: ImageFolder([(path, label), ...])"
         )
 
-    @property
-    def fastload_worker_safe(self) -> bool | None:
-        """True: workers run it unprobed (NOTE [auto never changes the batches]); None where
-        user code reads the samples (:meth:`torch_only_reason`): probed like any dataset."""
-        return None if self.torch_only_reason() else True
-
     def torch_only_reason(self) -> str | None:
         """Why only torch workers can run this dataset's samples, or None: the declared read
         path, which every engine runs. ``fastload.DataLoader`` shows it in ``backend_reason``.
@@ -114,14 +105,8 @@ class TorchvisionFolder:
                 f"ImageFolder(loader={name_of(self.loader)}) reads and decodes each file itself; "
                 "only torch workers call it (threads and DALI run fastload's own decode)"
             )
-        base = next(c for c in type(self).__mro__ if TorchvisionFolder in c.__bases__)
-        own = overridden(type(self), base, READ_PATH)
-        if own:
-            return (
-                f"{type(self).__name__} overrides {base.__name__}.{f', {base.__name__}.'.join(own)}; "
-                "only torch workers call it (threads and DALI run the declared files and pipeline)"
-            )
-        return None
+        # A subclass's own read path: DeclaredImages's check, next in ImageFolder's MRO.
+        return super().torch_only_reason()  # type: ignore[misc]
 
     def load_with_loader(self, index: int) -> tuple[Any, Any]:
         """Sample ``index`` as the user's ``loader`` returns it for its path (a remote file's
@@ -140,19 +125,6 @@ class TorchvisionFolder:
             sample = run_seeded(self.transform, sample, self.sample_seed(index))  # type: ignore[attr-defined]
         batchinfo.record(loaded - start, time.perf_counter() - loaded, 1)
         return sample, self.target(self.index.label(index))
-
-    def target(self, label: int) -> Any:
-        """A label as its sample carries it: ``target_transform(label)`` when one is given."""
-        return label if self.target_transform is None else self.target_transform(label)
-
-    def batch_targets(self, indices: Sequence[int]) -> Any:
-        """The targets of a batch's samples, collated as the torch engine's default collate
-        collates them (an int64 tensor of the labels without ``target_transform``). The
-        threads and DALI engines make a batch's labels here."""
-        labels = [self.index.label(i) for i in indices]
-        if self.target_transform is None:
-            return torch.tensor(labels, dtype=torch.int64)
-        return default_collate([self.target_transform(label) for label in labels])
 
     def find_classes(self, directory: str | os.PathLike[str]) -> tuple[list[str], dict[str, int]]:
         """torchvision's ``find_classes``: the folders directly below ``directory``, sorted, and

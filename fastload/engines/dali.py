@@ -55,7 +55,8 @@ from nvidia.dali.plugin.pytorch import feed_ndarray
 from PIL import Image
 
 from fastload.data import batchinfo
-from fastload.data.images import DECODE_ERRORS, ImageFolder
+from fastload.data.declared import DeclaredImages
+from fastload.data.sample_errors import DECODE_ERRORS
 from fastload.engines.base import Engine, EngineContext
 from fastload.engines.dali_feed import Feed, Reader
 from fastload.engines.registry import gpu_decoding
@@ -69,7 +70,7 @@ PIPELINE_DEPTH = 2
 _TORCH_DTYPES = {types.UINT8: torch.uint8, types.FLOAT: torch.float32}
 
 
-def graph(dataset: ImageFolder, feed: Feed, *, batch_size: int, num_threads: int,
+def graph(dataset: DeclaredImages, feed: Feed, *, batch_size: int, num_threads: int,
            device_id: int | None) -> Pipeline:
     """The DALI pipeline of ``dataset.pipeline``: decode the box, resize, flip, layout, dtype."""
     pipe = Pipeline(
@@ -140,7 +141,7 @@ class DaliEngine(Engine):
 
     def __init__(
         self,
-        dataset: ImageFolder,
+        dataset: DeclaredImages,
         batch_sampler: Iterable[list[int]],
         *,
         batch_size: int | None,
@@ -310,7 +311,7 @@ class DaliEpoch(Iterator[batchinfo.Envelope]):
             first = next(s for s in self._feed.pending if s.fed).samples[0]
             raise BackendError(
                 f"DALI failed on a batch whose images Pillow decodes (first: "
-                f"{dataset.storage.to_url(dataset.samples[first.index][0])}, index {first.index}): "
+                f"{dataset.sample_url(first.index)}, index {first.index}): "
                 f"{exc}. Run this dataset with backend='torch'."
             ) from exc
         logger.info("DALI pipeline rebuilt after skipping corrupt samples")

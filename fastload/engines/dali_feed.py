@@ -30,7 +30,8 @@ import numpy as np
 from PIL import Image
 
 from fastload.data import batchinfo
-from fastload.data.images import DECODE_ERRORS, ImageFolder
+from fastload.data.declared import DeclaredImages
+from fastload.data.sample_errors import DECODE_ERRORS
 from fastload.data.pipeline import Plan
 from fastload.errors import SampleError
 
@@ -69,7 +70,7 @@ class Slot:
         return self.error is None and bool(self.samples)
 
 
-def prepare(dataset: ImageFolder, index: int) -> Sample:
+def prepare(dataset: DeclaredImages, index: int) -> Sample:
     """Fetch one sample's bytes and plan its geometry (runs in a read thread)."""
     start = time.perf_counter()
     data = dataset.read_bytes(index)
@@ -80,14 +81,14 @@ def prepare(dataset: ImageFolder, index: int) -> Sample:
     except DECODE_ERRORS as exc:
         raise dataset.corrupt(index, exc) from exc
     plan = dataset.pipeline.plan(width, height, random.Random(dataset.sample_seed(index)))
-    label = dataset.index.label(index)
+    label = dataset.label(index)
     return Sample(int(index), label, np.frombuffer(data, np.uint8), plan, width, height, fetched - start)
 
 
 class Reader:
     """Reads and plans the sampler's batches a few batches ahead, on a thread pool."""
 
-    def __init__(self, dataset: ImageFolder, batches: Iterable[list[int]], ahead: int) -> None:
+    def __init__(self, dataset: DeclaredImages, batches: Iterable[list[int]], ahead: int) -> None:
         self._dataset = dataset
         self._batches = iter(batches)
         self._ahead = ahead

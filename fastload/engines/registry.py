@@ -63,17 +63,18 @@ class EngineSpec:
 def _declared_blocker(request: EngineRequest) -> str | None:
     """Why an in-process image engine (threads, DALI) cannot run this loader, or None.
 
-    They run a declared :class:`~fastload.ImageFolder` pipeline with one output size, batched,
-    with fastload's own collation: what torch would give, without torch's workers.
+    They run a declared dataset's pipeline (NOTE [a declared dataset] in
+    :mod:`fastload.data.declared`: an ImageFolder, TarShards, ...) with one output size,
+    batched, with fastload's own collation: what torch would give, without torch's workers.
     """
-    from fastload.data.images import ImageFolder
+    from fastload.data.declared import is_declared
     from fastload.data.pipeline import STEP_TYPES
 
     dataset = request.dataset
-    if not isinstance(dataset, ImageFolder):
+    if not is_declared(dataset):
         return (
-            f"the dataset is a {type(dataset).__name__}, not a declared fastload ImageFolder; "
-            "only declared pipelines run outside torch workers"
+            f"the dataset is a {type(dataset).__name__}, not a declared fastload dataset "
+            "(ImageFolder, TarShards); only declared pipelines run outside torch workers"
         )
     own = dataset.torch_only_reason()  # a custom loader=, a subclass's own __getitem__
     if own is not None:

@@ -1,4 +1,4 @@
-"""The threaded image engine: a declared ImageFolder decoded by threads of the loader's process.
+"""The threaded image engine: a declared dataset decoded by threads of the loader's process.
 
 No worker processes, no pickling, no per-sample tensors: a pool of threads reads each
 sample's bytes (through the dataset's storage and cache), decodes only the region its crop
@@ -55,7 +55,8 @@ import torch
 from torch.utils.data import default_collate
 
 from fastload.data import batchinfo, decoders
-from fastload.data.images import DECODE_ERRORS, ImageFolder
+from fastload.data.declared import DeclaredImages
+from fastload.data.sample_errors import DECODE_ERRORS
 from fastload.data.render import Renderer
 from fastload.engines.base import Engine, EngineContext
 from fastload.engines.daemon_pool import DaemonPool
@@ -85,10 +86,11 @@ them to end on their own (NOTE [abandoned reads])."""
 
 
 class ThreadEngine(Engine):
-    """Runs a declared ImageFolder's epochs on threads (see the module's docstring).
+    """Runs a declared dataset's epochs on threads (see the module's docstring).
 
     Args:
-        dataset: the ImageFolder (its pipeline must end in a crop: one output size).
+        dataset: the declared dataset (ImageFolder, TarShards); its pipeline must end in a
+            crop (one output size).
         batch_sampler: the loader's batch plan, iterated once per epoch.
         threads: pixel threads (one per usable core is right; see NOTE [two pools]).
         pin_memory: allocate batches in pinned memory (for a copy to a GPU).
@@ -111,7 +113,7 @@ class ThreadEngine(Engine):
 
     def __init__(
         self,
-        dataset: ImageFolder,
+        dataset: DeclaredImages,
         batch_sampler: Iterable[list[int]],
         *,
         threads: int = 1,
@@ -147,7 +149,7 @@ class ThreadEngine(Engine):
         """(reads, pixels); reads is None for local files, which the pixel threads read."""
         if self._pools is None:
             reads = None
-            if not self.dataset.storage.is_local:
+            if not self.dataset.reads_local_files:
                 reads = DaemonPool(READ_THREADS, "fastload-read")
             self._pools = (reads, DaemonPool(self.threads, "fastload-pixels"))
         return self._pools

@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 from torch.utils.data.dataloader import default_collate, default_convert
 
 from fastload.data import batchinfo
-from fastload.data.images import ImageFolder
+from fastload.data.declared import is_declared
 from fastload.device import DeviceFeeder
 from fastload.engines import Choice, EngineContext, engine_class
 from fastload.engines.probe import ProbeEngine
@@ -44,7 +44,7 @@ def stages(
     A declared dataset's collate carries worker timings and skips in an envelope, and with a
     device its Normalize moves from the workers onto the device, batched.
     """
-    if not isinstance(dataset, ImageFolder):
+    if not is_declared(dataset):
         return dataset, collate_fn, DeviceFeeder(device) if device is not None else None
     collate = batchinfo.CollateWithInfo(collate_fn or (default_collate if batched else default_convert))
     if device is None:

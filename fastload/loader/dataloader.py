@@ -8,7 +8,8 @@ batches in the same order for the same seed. What differs:
   value and why. An explicit value always wins.
 * ``device="cuda"`` returns batches already on the GPU, copied one batch ahead on a side
   stream (:mod:`fastload.device`).
-* Declared datasets (:class:`fastload.ImageFolder`) get an epoch-seeded sampler, per-sample
+* Declared datasets (:class:`fastload.ImageFolder`, :class:`fastload.TarShards`: NOTE [a
+  declared dataset]) get an epoch-seeded sampler (a shard-aware order for shards), per-sample
   augmentation seeds, worker timings carried with each batch, and ``on_error="skip"``
   reporting at the end of each epoch.
 
@@ -33,7 +34,7 @@ import torch.utils.data
 from torch.utils.data import Dataset, Sampler
 from torch.utils.data.dataloader import default_collate, default_convert
 
-from fastload.data.images import ImageFolder
+from fastload.data.declared import is_declared
 from fastload.data.sampling import EpochSampler
 from fastload.device import resolve_device
 from fastload.engines import Backend, Engine, WorkerParts, choose_backend
@@ -140,7 +141,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             probe=os.environ.get("FASTLOAD_ENGINE_PROBE", "1") != "0",
             workers_set=settings.num_workers.source == "argument",
         )
-        declared = isinstance(dataset, ImageFolder)
+        declared = is_declared(dataset)
         plan = epoch_plan(  # NOTE [the public plan and the rank's plan] in fastload.loader.plan
             dataset, sampler, batch_sampler, shuffle=shuffle, generator=generator,
             drop_last=drop_last, batch_size=batch_size if batch_sampler is None else None,

@@ -37,7 +37,7 @@ import torch
 from torch.utils.data import BatchSampler, Dataset, IterableDataset, Sampler
 
 from fastload import distributed
-from fastload.data.images import ImageFolder
+from fastload.data.declared import is_declared
 from fastload.data.sampling import EpochSampler
 
 logger = logging.getLogger(__name__)
@@ -122,13 +122,14 @@ def epoch_plan(
     if batch_sampler is not None or sampler is not None:
         _split_nested(batch_sampler if batch_sampler is not None else sampler, ranks)
         return Plan()
-    declared = isinstance(dataset, ImageFolder)
+    declared = is_declared(dataset)
     if not (declared or (ranks.distributed and not isinstance(dataset, IterableDataset))):
         return Plan()
     public = EpochSampler(
         dataset, shuffle=bool(shuffle),
         seed=distributed.agree_seed(_base_seed(dataset, generator), ranks),
         drop_last=drop_last, tag_seeds=declared,
+        order=dataset.epoch_order if declared else None,  # NOTE [shard-aware order]
     )
     public.loader_view = True
     return _plan(public, ranks, batch_size, drop_last)
@@ -172,7 +173,7 @@ def _base_seed(dataset: Dataset, generator: torch.Generator | None) -> int:
     ``torch.initial_seed()`` follows ``torch.manual_seed`` without consuming random numbers,
     so a fastload loader leaves torch's global random stream exactly where torch would.
     """
-    seed = dataset.seed if isinstance(dataset, ImageFolder) else None
+    seed = dataset.seed if is_declared(dataset) else None
     if seed is not None:
         return seed
     return generator.initial_seed() if generator is not None else torch.initial_seed()

@@ -48,7 +48,8 @@ def follow_loader(loader: DataLoader, source: Iterator[Any], *, start_batch: int
     sampler = loader.epoch_sampler
     batch = loader.batch_size
     if (
-        not isinstance(cache, TieredCache)
+        storage is None  # a declared source without per-object paths (TarShards)
+        or not isinstance(cache, TieredCache)
         or not cache.config.prefetch
         or not isinstance(sampler, EpochSampler)
         or not batch

@@ -73,6 +73,7 @@ K_WORLD = "world_size"
 K_RANK = "rank"
 K_SPAN = "span"            # [start, stop] of the epoch's permutation being consumed
 K_CONSUMED = "consumed"    # indices of this rank's shard of the span already consumed
+K_LAYOUT = "layout"        # ranks the epoch's permutation was laid out for (a shard order's)
 K_RNG = "rng_state"        # replay: the generator state at the start of the epoch
 K_RNG_SOURCE = "rng_source"  # replay: "generator" (the loader's) or "global"
 K_WARM = "first_rng_state"  # replay, persistent workers: the state when they were started
@@ -136,7 +137,7 @@ def state_dict(loader: DataLoader, state: LoaderState) -> dict[str, Any]:
         saved.update({
             K_SEED: sampler.seed, K_SHUFFLE: sampler.shuffle, K_DROP_LAST: sampler.drop_last,
             K_SIZE: sampler.size, K_WORLD: sampler.num_replicas, K_RANK: sampler.rank,
-            K_SPAN: list(span), K_CONSUMED: consumed,
+            K_SPAN: list(span), K_CONSUMED: consumed, K_LAYOUT: sampler.layout(epoch),
         })
     else:
         in_epoch = progress is not None and not progress.done and progress.rng_state is not None
@@ -207,14 +208,15 @@ def _restore_sharded(loader: DataLoader, state: dict[str, Any], epoch: int) -> N
         peers = distributed.gather_objects((epoch, start, stop, consumed, old_world, state[K_RANK]))
         _check_peers(peers, old_world, sampler.num_replicas)
     sampler.seed = int(state[K_SEED])  # NOTE [one seed for all ranks]: the checkpoint's
+    layout = int(state.get(K_LAYOUT, old_world))  # NOTE [shard-aware order]: the saved layout
     if old_world == sampler.num_replicas:
-        sampler.resume(epoch, start=start, stop=stop, skip=consumed)
+        sampler.resume(epoch, start=start, stop=stop, skip=consumed, layout=layout)
         return
     # Elastic: positions [start, start + consumed * old_world) of the span are consumed.
     old = EpochSampler(stop - start, drop_last=sampler.drop_last, num_replicas=old_world)
     real = min(stop - start, old.shard_len() * old_world)  # without padding, after dropping
     new_start = start + min(consumed * old_world, real)
-    sampler.resume(epoch, start=new_start, stop=start + real)
+    sampler.resume(epoch, start=new_start, stop=start + real, layout=layout)
     logger.info(
         "resuming epoch %d on %d ranks (saved on %d): %d samples left, split over the new ranks",
         epoch, sampler.num_replicas, old_world, start + real - new_start,

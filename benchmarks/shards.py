@@ -1,0 +1,134 @@
+"""One epoch of the same JPEGs as loose files and as WebDataset tar shards, local and remote.
+
+The synthetic ImageNet-like JPEG set (made once under .fastload-data) is packed with
+``fastload.data.pack.pack`` into --shards shards, and folder and shards are uploaded to moto's
+S3 server (in a process of its own) behind ``latency::`` (--latency-ms per request). Batch
+--batch-size, RandomResizedCrop(--size) + flip, uint8 out. Rows (one epoch each, images/s):
+
+* folder remote, per object: ``fastload.DataLoader(ImageFolder(url))``, no cache, threads
+* shards remote, cold:  ``fastload.DataLoader(TarShards(urls, cache=<new dir>))``, 1st epoch
+  (the index built before it, timed apart)
+* shards remote, warm:  the same loader's 2nd epoch (members on the disk tier)
+* shards local / folder local: the same engine over the local copies
+* webdataset local / remote: webdataset's own pipeline (WebDataset -> PIL decode ->
+  torchvision transforms -> batched) in a torch DataLoader with --workers workers; remote
+  through a gopen handler over the same fsspec URL
+
+Then the shuffle quality of the shard order vs a uniform permutation, and the index's bytes
+per sample. Targets (issue 23): cold >= 5x per object; >= 1.5x webdataset; local shards >=
+the folder. Run once, small, to check it works; the numbers mean something on a quiet machine.
+
+    python benchmarks/shards.py                    # 512 images, 4 shards, 15 ms
+    python benchmarks/shards.py --images 1000 --latency-ms 15 --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import numpy as np
+import torch
+import torch.utils.data
+import webdataset as wds
+from torchvision.transforms import v2 as T
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cache_epoch import epoch_seconds, served_folder  # noqa: E402  (benchmarks/)
+
+from fastload import DataLoader, ImageFolder, TarShards  # noqa: E402
+from fastload.data.pack import pack  # noqa: E402
+from fastload.data.shard_order import shuffle_quality  # noqa: E402
+from fastload.testing.synthetic import make_jpeg_folder  # noqa: E402
+from tests.fixtures.s3 import upload_folder  # noqa: E402
+
+
+def webdataset_loader(urls: list[str], size: int, batch: int, workers: int) -> Any:
+    transform = T.Compose([T.PILToTensor(), T.RandomResizedCrop(size, antialias=True),
+                           T.RandomHorizontalFlip()])
+    pipeline = (wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.split_by_node,
+                               empty_check=False)
+                .shuffle(256).decode("pil").to_tuple("jpg", "cls").map_tuple(transform, int)
+                .batched(batch))
+    return torch.utils.data.DataLoader(pipeline, batch_size=None, num_workers=workers)
+
+
+def rate(n: int, loader) -> float:
+    return n / epoch_seconds(loader)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=512)
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--latency-ms", type=float, default=15.0)
+    parser.add_argument("--workers", type=int, default=2, help="webdataset's torch workers")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--size", type=int, default=224)
+    args = parser.parse_args()
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    local = make_jpeg_folder(ROOT / ".fastload-data" / f"shards-bench-{args.images}",
+                             images=args.images, classes=10, size=(500, 375))
+    work = Path(tempfile.mkdtemp(prefix="fastload-shards-bench-"))
+    total = sum(p.stat().st_size for p in local.rglob("*.jpg"))
+    packed = pack(str(local), str(work / "shards"), shard_size=total / args.shards + 20_000)
+    local_urls = [u.replace("file://", "") for u in packed.urls]
+    n, size, batch = args.images, args.size, args.batch_size
+    rows: dict[str, float] = {}
+    common = {"size": size, "train": True, "seed": 0}
+    run = {"batch_size": batch, "shuffle": True, "backend": "threads"}
+    rows["folder local (threads)"] = rate(n, DataLoader(ImageFolder(str(local), **common), **run))
+    rows["shards local (threads)"] = rate(n, DataLoader(TarShards(local_urls, **common), **run))
+    rows["webdataset local"] = rate(n, webdataset_loader(local_urls, size, batch, args.workers))
+    with served_folder(local, f"s3://shards-bench-{n}/folder", args.latency_ms) as (url, options):
+        shard_root = upload_folder(options["s3"], work / "shards", f"s3://shards-bench-{n}/shards")
+        remote = [f"latency::{shard_root}/{Path(u).name}" for u in local_urls]
+        folder = ImageFolder(url, storage_options=options, **common)
+        rows["folder remote, per object (threads)"] = rate(n, DataLoader(folder, **run))
+        start = time.perf_counter()
+        cache = {"disk": str(work / "cache")}
+        ds = TarShards(remote, storage_options=options, cache=cache, **common)
+        index_s = time.perf_counter() - start
+        loader = DataLoader(ds, **run)
+        rows["shards remote, cold (threads)"] = rate(n, loader)
+        rows["shards remote, warm (threads)"] = rate(n, loader)
+        def gopen_fsspec(u: str, mode: str = "rb", bufsize: int = 8192) -> Any:
+            return fsspec.open(u, mode, **options).open()
+
+        wds.gopen_schemes["latency"] = gopen_fsspec
+        rows["webdataset remote"] = rate(n, webdataset_loader(remote, size, batch, args.workers))
+    print(f"one epoch of {n} JPEGs (500x375) in {len(local_urls)} shards, batch {batch}, "
+          f"RandomResizedCrop {size} + flip; remote: moto + {args.latency_ms:g} ms/request; "
+          f"webdataset with {args.workers} workers")
+    for name, value in rows.items():
+        print(f"  {name:38s} {value:8.1f} images/s")
+    print(f"  index of {len(remote)} remote shards built in {index_s:.2f} s; "
+          f"{ds.index.nbytes / len(ds):.0f} bytes/sample")
+    cold = rows["shards remote, cold (threads)"]
+    per_object = rows["folder remote, per object (threads)"]
+    local_ratio = rows["shards local (threads)"] / rows["folder local (threads)"]
+    print(f"  shards cold vs per object: {cold / per_object:.1f}x (target >= 5x); "
+          f"vs webdataset remote: {cold / rows['webdataset remote']:.1f}x (target >= 1.5x); "
+          f"local shards vs folder: {local_ratio:.2f}x")
+    shard_of = ds.index.shards
+    for window in (1, 4):
+        ds.epoch_order.window = window
+        order = ds.epoch_order.permutation(0, 1, shuffle=True, num_replicas=1)
+        q = shuffle_quality(order, shard_of)
+        print(f"  shard order, window {window}: " + ", ".join(f"{k} {v:.3f}" for k, v in q.items()))
+    uniform = torch.randperm(len(ds), generator=torch.Generator().manual_seed(0)).numpy()
+    q = shuffle_quality(uniform.tolist(), np.asarray(shard_of))
+    print("  uniform permutation:     " + ", ".join(f"{k} {v:.3f}" for k, v in q.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Building a :class:`~fastload.data.shard_index.ShardIndex` and keeping it in the cache.
+
+Each shard is read concurrently (:data:`BUILD_JOBS` at once): one ``info`` for its size and
+version, then its DALI index file when one sits beside it (``x.tar`` -> ``x.idx``; the label
+members are then read in one ``cat_ranges`` call) or else its headers (NOTE [the shard index]
+in :mod:`.shard_index`). The built index is stored in the cache's shared tiers under a key of
+the shard URLs and options, and reused for ``listing_max_age`` seconds (as a folder's listing,
+NOTE [the stored listing]).
+
+Example::
+
+    >>> index = shard_index(fs, urls, paths, cache=None, storage_options={}, max_age=3600)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from fastload.cache.keys import digest
+from fastload.cache.tiered import TieredCache
+from fastload.data.shard_index import (
+    FORMAT,
+    IMAGE_EXTENSIONS,
+    LABEL_EXTENSIONS,
+    ShardIndex,
+    ShardRows,
+    parse_label,
+)
+from fastload.data.stored_listing import KEY_PREFIX
+from fastload.data.tarfiles import index_url_of, parse_dali_index, split_key, walk_members
+from fastload.errors import DatasetError
+from fastload.io.errors import storage_error
+from fastload.io.versions import version_of
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BUILD_JOBS", "group_rows", "shard_index"]
+
+BUILD_JOBS = 16
+"""Shards whose headers are read at once."""
+
+
+def _is_label(name: str) -> bool:
+    return split_key(name)[1].lower() in LABEL_EXTENSIONS
+
+
+def group_rows(members: Sequence[tuple[str, int, int]], labels: dict[str, bytes]) -> ShardRows:
+    """Samples of one shard from its members ``(name, offset, size)`` in tar order, and the
+    bytes of its label members by name: one row per key that has an image member."""
+    rows = ShardRows([], [], [], [])
+    current: str | None = None
+    image: tuple[int, int] | None = None
+    label: int | str | None = None
+
+    def close() -> None:
+        if current is not None and image is not None:
+            rows.keys.append(current)
+            rows.offsets.append(image[0])
+            rows.lengths.append(image[1])
+            rows.labels.append(label)
+
+    for name, offset, size in members:
+        key, ext = split_key(name)
+        ext = ext.lower()
+        if key != current:
+            close()
+            current, image, label = key, None, None
+        if ext in IMAGE_EXTENSIONS and image is None:
+            image = (offset, size)
+        elif ext in LABEL_EXTENSIONS and name in labels and label is None:
+            label = parse_label(ext, labels[name])
+    close()
+    return rows
+
+
+def _from_headers(fs: Any, path: str, size: int, url: str) -> ShardRows:
+    def read_at(offset: int, length: int) -> bytes:
+        return fs.cat_file(path, start=offset, end=offset + length)
+
+    labels: dict[str, bytes] = {}
+    members = []
+    try:
+        for m in walk_members(read_at, size, keep=_is_label, where=url):
+            members.append((m.name, m.offset, m.size))
+            if m.data is not None:
+                labels[m.name] = m.data
+    except ValueError as exc:
+        raise DatasetError(f"{url} is not a readable tar shard: {exc}. Check that the URL names a "
+                           "WebDataset .tar (uncompressed)") from exc
+    return group_rows(members, labels)
+
+
+def _from_index_file(fs: Any, path: str, text: str, url: str) -> ShardRows:
+    samples = parse_dali_index(text, index_url_of(url))
+    # v1.1 lists no names: a sample's key is then its position
+    members = [(name or f"{i:09d}.{ext}", off, size)
+               for i, sample in enumerate(samples) for ext, off, size, name in sample]
+    wanted = [(n, o, s) for n, o, s in members if _is_label(n)]
+    data = []
+    if wanted:
+        data = fs.cat_ranges([path] * len(wanted), [o for _, o, _ in wanted],
+                             [o + s for _, o, s in wanted])
+    return group_rows(members, {n: d for (n, _, _), d in zip(wanted, data)})
+
+
+def _one_shard(fs: Any, url: str, path: str) -> tuple[str, ShardRows]:
+    try:
+        info = fs.info(path)
+        idx_path = index_url_of(path)
+        text = fs.cat_file(idx_path).decode() if fs.exists(idx_path) else None
+        if text is not None:
+            rows = _from_index_file(fs, path, text, url)
+        else:
+            rows = _from_headers(fs, path, int(info["size"]), url)
+    except DatasetError:
+        raise
+    except Exception as exc:  # NOTE [storage errors] in fastload.io.errors
+        raise storage_error(exc, "index the shard", url) from exc
+    return version_of(info), rows
+
+
+def _key(urls: Sequence[str], storage_options: dict[str, Any]) -> str:
+    options = json.dumps(storage_options or {}, sort_keys=True,
+                         default=lambda o: type(o).__qualname__)
+    return f"{KEY_PREFIX}{FORMAT}:{digest(json.dumps(list(urls)))}#opts={digest(options)[:16]}"
+
+
+def _load(cache: TieredCache, key: str, urls: Sequence[str], max_age: float) -> ShardIndex | None:
+    for tier in (t for t in cache.tiers if t.shared):
+        blob = tier.get(key) if tier.contains(key) else None
+        if blob is None:
+            continue
+        try:
+            index = ShardIndex.from_bytes(blob)
+        except ValueError as exc:
+            logger.debug("ignoring the stored shard index %s in the %s tier: %s",
+                         key, tier.name, exc)
+            continue
+        age = time.time() - index.listed_at
+        if index.urls == list(urls) and -300 <= age <= max_age:
+            return index
+    return None
+
+
+def shard_index(
+    fs: Any, urls: Sequence[str], paths: Sequence[str], *, cache: TieredCache | None,
+    storage_options: dict[str, Any], max_age: float,
+) -> ShardIndex:
+    """The index of the shards at ``urls`` (``paths`` on ``fs``): from the cache when a
+    stored one is at most ``max_age`` seconds old, else built and stored (see the module doc)."""
+    key = _key(urls, storage_options)
+    if cache is not None and max_age > 0:
+        found = _load(cache, key, urls, max_age)
+        if found is not None:
+            logger.debug("shard index of %d shards reused from the cache", len(urls))
+            return found
+    start = time.perf_counter()
+    jobs = min(BUILD_JOBS, max(1, len(urls)))
+    with ThreadPoolExecutor(jobs, thread_name_prefix="fastload-index") as pool:
+        built = list(pool.map(lambda up: _one_shard(fs, *up), zip(urls, paths)))
+    index = ShardIndex.build(urls, [v for v, _ in built], [r for _, r in built], extra={"key": key})
+    logger.info("indexed %d samples in %d shards in %.1f s",
+                len(index), len(urls), time.perf_counter() - start)
+    if cache is not None:
+        blob = index.to_bytes()
+        for tier in (t for t in cache.tiers if t.shared):
+            tier.delete(key)
+            tier.put(key, blob)
+    return index

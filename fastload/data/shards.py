@@ -1,0 +1,274 @@
+"""``TarShards``: WebDataset tar shards as a declared, map-style image dataset.
+
+Each sample is a range of one shard: its image member's bytes, found once by the shards'
+headers (NOTE [the shard index] in :mod:`.shard_index`), read with one range request through
+the cache and decoded by whichever engine runs the loader (threads with ROI decode, torch
+workers, DALI where it runs), exactly as :class:`~fastload.ImageFolder`'s files are (NOTE [a
+declared dataset] in :mod:`.declared`). ``fastload.DataLoader`` reads it in a shard-aware
+order (NOTE [shard-aware order] in :mod:`.shard_order`). docs/shards.md has the whole story.
+
+Example::
+
+    >>> from fastload import DataLoader, TarShards
+    >>> ds = TarShards("s3://bucket/train-{000000..000146}.tar", size=224, train=True,
+    ...                cache="~/.cache/fastload")
+    >>> image, label = ds[0]
+    >>> loader = DataLoader(ds, batch_size=256, shuffle=True)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import fsspec
+import numpy as np
+
+from fastload.arguments import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_mapping,
+    check_number,
+    check_optional_int,
+    check_size,
+)
+from fastload.cache import TieredCache, open_cache
+from fastload.data import batchinfo
+from fastload.data.declared import DeclaredImages, OnError
+from fastload.data.folder_args import check_callables, check_steps, decode_steps
+from fastload.data.folder_rules import default_loader
+from fastload.data.pipeline import ImagePipeline, Normalize
+from fastload.data.shard_build import shard_index
+from fastload.data.shard_index import ShardIndex
+from fastload.data.shard_order import ShardOrder
+from fastload.data.stored_listing import DEFAULT_MAX_AGE_S
+from fastload.data.tarfiles import expand_braces
+from fastload.data.transforms import CompiledTransform
+from fastload.errors import ConfigError, EmptyDatasetError
+from fastload.io.errors import storage_error
+from fastload.io.origin import with_timeouts
+
+__all__ = ["TarShards"]
+
+
+def _urls(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
+    given = [shards] if isinstance(shards, (str, os.PathLike)) else list(shards)
+    if not given or not all(isinstance(u, (str, os.PathLike)) for u in given):
+        raise ConfigError(
+            f"TarShards needs shard URLs: a brace pattern ('s3://b/train-{{000..009}}.tar'), a "
+            f"URL, a local path or a list of them; got {shards!r}"
+        )
+    urls = [u for pattern in given for u in expand_braces(os.fspath(pattern))]
+    return [u if "://" in u or "::" in u else os.path.abspath(os.path.expanduser(u)) for u in urls]
+
+
+class TarShards(DeclaredImages):
+    """WebDataset-format tar shards (``key.jpg`` + ``key.cls`` members) as a map-style dataset.
+
+    Takes :class:`~fastload.ImageFolder`'s arguments where they mean the same.
+
+    Args:
+        shards: a brace pattern (``"s3://b/train-{000000..000146}.tar"``), one URL or local
+            path, or a list of them; any fsspec URL. All on one filesystem.
+        transform: a torchvision transform, compiled into the decode as ImageFolder's.
+        target_transform: called on each label, on every engine.
+        size, train, normalize, pipeline: the declared steps, as ImageFolder's.
+        cache: where member bytes are cached (a directory, dict or CacheConfig; docs/cache.md),
+            and the shard index with them; None reads the origin every time. Local shards
+            are read directly (the index is still kept).
+        on_error: "raise" (default) or "skip", as ImageFolder's.
+        seed: seed of the random augmentations and of the epoch order; None follows torch.
+        storage_options: passed to fsspec.
+        listing_max_age: seconds a shard index stored in the cache is reused.
+        shuffle_window: shards whose samples an epoch shuffles together (NOTE [shard-aware
+            order]); more mixes better and reads more shards at once.
+
+    Attributes:
+        index: the :class:`~fastload.data.shard_index.ShardIndex` (numpy arrays).
+        classes, class_to_idx, targets: as ImageFolder's (``targets`` a numpy array).
+        urls: the shard URLs, expanded.
+    """
+
+    def __init__(
+        self,
+        shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
+        *,
+        size: int | tuple[int, int] = 224,
+        train: bool = False,
+        normalize: bool | Normalize = False,
+        pipeline: ImagePipeline | None = None,
+        cache: Any = None,
+        on_error: OnError = "raise",
+        seed: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        listing_max_age: float = DEFAULT_MAX_AGE_S,
+        shuffle_window: int = 4,
+    ) -> None:
+        where = "TarShards"
+        self.on_error: OnError = check_choice(  # type: ignore[assignment]
+            where, "on_error", on_error, ("raise", "skip"))
+        size = check_size(where, "size", size)
+        train = check_bool(where, "train", train)
+        check_steps(normalize, pipeline)
+        self.seed = check_optional_int(where, "seed", seed)
+        self.storage_options = check_mapping(where, "storage_options", storage_options)
+        max_age = check_number(where, "listing_max_age", listing_max_age, low=0)
+        self.shuffle_window = check_int(where, "shuffle_window", shuffle_window, minimum=1)
+        check_callables(target_transform=target_transform)
+        self.transform, self.target_transform = transform, target_transform
+        self.compiled: CompiledTransform | None
+        self.pipeline, self.compiled = decode_steps(
+            default_loader, transform, pipeline, size, train, normalize, cache)
+        self.urls = _urls(shards)
+        self._cache: TieredCache | None = open_cache(cache)
+        fs, paths = self._open_all()
+        self.paths = paths
+        self.local = all(
+            fsspec.core.split_protocol(u)[0] in (None, "file", "local") for u in self.urls)
+        self.index: ShardIndex = shard_index(fs, self.urls, paths, cache=self._cache,
+                                             storage_options=self.storage_options, max_age=max_age)
+        if len(self.index) == 0:
+            raise EmptyDatasetError(
+                f"no samples with an image member ({', '.join(('jpg', 'jpeg', 'png', 'webp'))}) in "
+                f"{len(self.urls)} shard(s) starting {self.urls[0]}"
+            )
+        self.classes = self.index.classes
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        self._order = ShardOrder(self.index.shard_sizes(), self.shuffle_window)
+
+    def _open_all(self) -> tuple[Any, list[str]]:
+        opened = [self._url_to_fs(u) for u in self.urls]
+        if len({type(fs) for fs, _ in opened}) > 1:
+            raise ConfigError(
+                f"TarShards reads shards of one filesystem; {self.urls} mix protocols")
+        self._fs, self._pid = opened[0][0], os.getpid()
+        return opened[0][0], [p for _, p in opened]
+
+    @property
+    def fs(self) -> Any:
+        """The shards' filesystem (opened again in a new process)."""
+        if self._fs is None or self._pid != os.getpid():
+            self._fs, self._pid = self._url_to_fs(self.urls[0])[0], os.getpid()
+        return self._fs
+
+    def _url_to_fs(self, url: str) -> tuple[Any, str]:
+        return fsspec.core.url_to_fs(url, **with_timeouts(url, self.storage_options))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_fs=None, _pid=-1)
+        return state
+
+    @property
+    def cache(self) -> TieredCache | None:
+        return self._cache
+
+    @property
+    def targets(self) -> np.ndarray:
+        return self.index.labels
+
+    @property
+    def epoch_order(self) -> ShardOrder:
+        return self._order
+
+    @property
+    def reads_local_files(self) -> bool:
+        return self.local
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __repr__(self) -> str:
+        more = " ..." if len(self.urls) > 1 else ""
+        return (f"TarShards({self.urls[0]!r}{more}, {len(self.urls)} shards, "
+                f"{len(self)} images, {len(self.classes)} classes, on_error={self.on_error!r})")
+
+    def label(self, index: int) -> int:
+        return int(self.index.labels[int(index)])
+
+    def sample_name(self, index: int) -> str:
+        shard = self.urls[int(self.index.shards[int(index)])]
+        return f"{os.path.basename(shard)}:{self.index.key(int(index))}"
+
+    def sample_url(self, index: int) -> str:
+        return f"{self.urls[int(self.index.shards[int(index)])]}#{self.index.key(int(index))}"
+
+    def _where(self, index: int) -> tuple[int, str, int, int]:
+        i = int(index)
+        shard = int(self.index.shards[i])
+        return shard, self.paths[shard], int(self.index.offsets[i]), int(self.index.lengths[i])
+
+    def _key(self, index: int) -> str | None:
+        """The cache key of sample ``index``'s bytes (None: read directly)."""
+        if self._cache is None or self.local:
+            return None
+        shard, _, offset, length = self._where(index)
+        member = f"{self.urls[shard]}#{offset}+{length}"
+        return self._cache.key_of(member, self.index.versions[shard])
+
+    def _cached(self, key: str) -> bytes | None:
+        assert self._cache is not None
+        for tier in self._cache.tiers:
+            data = tier.get(key)
+            if data is not None:
+                return data
+        return None
+
+    def _store(self, key: str | None, data: bytes) -> None:
+        if key is not None and self._cache is not None:
+            for tier in self._cache.tiers:
+                tier.put(key, data)
+
+    def _origin(self, index: int) -> bytes:
+        shard, path, offset, length = self._where(index)
+        data = self.fs.cat_file(path, start=offset, end=offset + length)
+        if len(data) != length:
+            raise OSError(f"read {len(data)} of the member's {length} bytes at byte {offset} "
+                          "(the shard changed since it was indexed?)")
+        return data
+
+    def read_bytes(self, index: int) -> bytes:
+        """The encoded bytes of sample ``index``: one range read of its shard (or the cache).
+        A failed read raises :class:`~fastload.errors.UnreadableSampleError` naming the shard,
+        the key and the index."""
+        key = self._key(index)
+        try:
+            data = self._cached(key) if key is not None else None
+            if data is None:
+                data = self._origin(index)
+                self._store(key, data)
+            return data
+        except Exception as exc:  # NOTE [storage errors] in fastload.io.errors
+            error = storage_error(exc, "read", self.sample_url(index))
+            raise self.unreadable(index, error) from exc
+
+    def read_batch(self, indices: Sequence[int]) -> list[bytes | Exception | None]:
+        """A remote batch's bytes at once: cached ones from the cache, the rest in one
+        concurrent ``cat_ranges`` call; local shards: Nones (each load reads its own)."""
+        if self.local:
+            return [None] * len(indices)
+        start = time.perf_counter()
+        keys = [self._key(i) for i in indices]
+        out: list[bytes | Exception | None] = [
+            self._cached(k) if k is not None else None for k in keys]
+        missing = [k for k, data in enumerate(out) if data is None]
+        if missing:
+            where = [self._where(indices[k]) for k in missing]
+            try:
+                got = self.fs.cat_ranges([w[1] for w in where], [w[2] for w in where],
+                                         [w[2] + w[3] for w in where], on_error="return")
+            except Exception as exc:  # the whole call failed: each sample reads its own
+                got = [exc] * len(missing)
+            for k, w, data in zip(missing, where, got):
+                if isinstance(data, bytes) and len(data) == w[3]:
+                    out[k] = data
+                    self._store(keys[k], data)
+                else:
+                    out[k] = None  # load() reads it again and names what failed
+        batchinfo.record(time.perf_counter() - start, 0.0, 0)
+        return out

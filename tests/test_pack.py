@@ -1,0 +1,127 @@
+"""``fastload pack``: folders and file lists into WebDataset shards that webdataset reads
+unchanged; resumable; exit codes; through the installed console script. And TarShards over
+shards on moto's S3 server, packed there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+import webdataset as wds
+
+from fastload import DataLoader, ImageFolder, TarShards
+from fastload.data.pack import pack
+from tests.fixtures.s3 import DUMMY_ENV
+
+pytestmark = pytest.mark.timeout(240)
+
+FASTLOAD = str(Path(sys.executable).parent / "fastload")
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([FASTLOAD, *args], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, **DUMMY_ENV})
+
+
+def expected(root: Path) -> dict[str, tuple[int, bytes]]:
+    folder = ImageFolder(str(root))
+    return {os.path.relpath(p, root)[:-4]: (label, Path(p).read_bytes())
+            for p, label in folder.samples}
+
+
+def contents(ds: TarShards) -> dict[str, tuple[int, bytes]]:
+    return {ds.index.key(i): (ds.label(i), ds.read_bytes(i)) for i in range(len(ds))}
+
+
+def read_with_webdataset(urls: list[str]) -> dict[str, tuple[int, bytes]]:
+    out = {}
+    for sample in wds.WebDataset(urls, shardshuffle=False, empty_check=False):
+        assert sample["__key__"] not in out
+        out[sample["__key__"]] = (int(sample["cls"]), sample["jpg"])
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_pack_a_folder_reads_back_in_webdataset_and_tarshards(jpeg_root, tmp_path):
+    dst = tmp_path / "shards"
+    done = run("pack", str(jpeg_root), str(dst), "--shard-size", "100KB", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["samples"] == 48 and report["shards"] > 3 and "shard 1: " in done.stderr
+    manifest = json.loads((dst / "shards.json").read_text())
+    assert manifest["__kind__"] == "wids-shard-index-v1"
+    assert sum(s["nsamples"] for s in manifest["shardlist"]) == 48
+    tars = sorted(str(p) for p in dst.glob("shard-*.tar"))
+    assert all(os.path.getsize(t) <= 100_000 for t in tars) and len(tars) == report["shards"]
+    assert read_with_webdataset(tars) == expected(jpeg_root)
+    ds = TarShards(tars, size=32)  # its index files: no header read
+    assert contents(ds) == expected(jpeg_root)
+
+
+@pytest.mark.timeout(300)
+def test_an_interrupted_pack_continues_and_writes_the_same_shards(jpeg_root, tmp_path):
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert run("pack", str(jpeg_root), str(whole), "--shard-size", "100KB").returncode == 0
+    assert run("pack", str(jpeg_root), str(cut), "--shard-size", "100KB").returncode == 0
+    manifest = json.loads((cut / "shards.json").read_text())  # as if stopped after shard 2
+    for shard in manifest["fastload"]["shards"][2:]:
+        (cut / shard["url"]).unlink()
+    manifest["fastload"]["shards"] = manifest["fastload"]["shards"][:2]
+    (cut / "shards.json").write_text(json.dumps(manifest))
+    (cut / "shard-000001.tar").write_bytes(b"torn")  # a damaged shard is written again
+    again = run("pack", str(jpeg_root), str(cut), "--shard-size", "100KB")
+    assert again.returncode == 0 and "(1 from an earlier run)" in again.stdout
+    for tar in sorted(whole.glob("*.tar")):
+        assert (cut / tar.name).read_bytes() == tar.read_bytes()
+
+
+def test_a_file_list_packs_with_its_labels(jpeg_root, tmp_path):
+    files = sorted(jpeg_root.rglob("*.jpg"))[:5]
+    listing = tmp_path / "files.txt"
+    listing.write_text("".join(f"{f} {k % 2}\n" for k, f in enumerate(files)))
+    done = run("pack", str(listing), str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    got = read_with_webdataset([str(tmp_path / "out" / "shard-000000.tar")])
+    assert sorted(got.values()) == sorted((k % 2, f.read_bytes()) for k, f in enumerate(files))
+
+
+def test_exit_codes_bad_input_2_store_failure_1(jpeg_root, tmp_path):
+    missing = run("pack", str(tmp_path / "nope"), str(tmp_path / "out"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    assert run("pack", str(jpeg_root), str(tmp_path / "o"), "--shard-size", "lots").returncode == 2
+    (tmp_path / "file").write_text("x")
+    blocked = run("pack", str(jpeg_root), str(tmp_path / "file" / "shards"))
+    assert blocked.returncode == 1 and str(tmp_path / "file") in blocked.stderr
+    bad_list = tmp_path / "bad.txt"
+    bad_list.write_text("a.jpg notalabel\n")
+    assert run("pack", str(bad_list), str(tmp_path / "o2")).returncode == 2
+
+
+@pytest.mark.timeout(300)
+def test_tarshards_on_s3_packed_there_through_the_cache(s3_jpegs, s3_options, s3_server,
+                                                        jpeg_root, tmp_path):
+    dst = "s3://fastload-test-shards/train"
+    fs = fsspec.filesystem("s3", **s3_options)
+    if not fs.exists("fastload-test-shards"):
+        fs.mkdir("fastload-test-shards")
+    report = pack(s3_jpegs, dst, shard_size=100_000, storage_options=s3_options,
+                  dst_options=s3_options)
+    cache = {"disk": str(tmp_path / "c")}
+    ds = TarShards(report.urls, size=32, cache=cache, storage_options=s3_options)
+    assert contents(ds) == expected(jpeg_root)
+    loader = DataLoader(ds, batch_size=8, shuffle=True, backend="threads")
+    labels = np.concatenate([y.numpy() for _, y in loader])
+    assert sorted(labels.tolist()) == sorted(ds.index.labels.tolist())
+    s3_server.reset_counts()
+    TarShards(report.urls, size=32, storage_options=s3_options).read_bytes(0)  # no cache: S3
+    assert s3_server.gets("fastload-test-shards/train/")
+    s3_server.reset_counts()
+    again = TarShards(report.urls, size=32, cache=cache, storage_options=s3_options)
+    assert contents(again) == contents(ds)
+    assert not s3_server.gets("fastload-test-shards/")  # the index and every member: from the cache
