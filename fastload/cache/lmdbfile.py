@@ -182,10 +182,21 @@ class SizeGuard:
             self.changed(size)
 
     def changed(self, size: int) -> None:
-        """The file is ``size`` bytes now, not :attr:`size`: check it against its header."""
-        if size < self.size:
-            raise StoreDamaged(self.path, f"cut short while in use: from {self.size} to {size} bytes")
-        read_header(self.fd, self.path)
+        """The file is ``size`` bytes now, not :attr:`size`: check it against its header.
+
+        A smaller file is not damage by itself: another process's LMDB may set the file to
+        its own map size when it opens the store. What matters is whether every page the
+        header says exists is still in the file (a store set aside on a shrink that kept
+        them sent every read of two workers and a prefetcher to the origin).
+        """
+        try:
+            read_header(self.fd, self.path)
+        except StoreDamaged as exc:
+            if size < self.size:
+                raise StoreDamaged(
+                    self.path, f"cut short while in use: from {self.size} to {size} bytes ({exc.why})"
+                ) from exc
+            raise
         self.size = size
 
     def close(self) -> None:
