@@ -55,7 +55,9 @@ def test_lightning_rebuild_is_a_fastload_loader_with_the_same_batches(folder):
     assert rebuilt.meter is not None and rebuilt.engine is not loader.engine
     assert rebuilt.state.owns_sampler  # the public order is adopted, not taken as a user's
     assert ids_of(rebuilt) == ids_of(loader)  # epoch 0 of both: the same order and samples
-    assert rebuilt.meter.summary()  # the rebuilt loader's own meter recorded its epoch
+    # the rebuild got the loader's meter back (``meter`` is a public attribute): the meter the
+    # user holds records the rebuilt loader's epoch too
+    assert rebuilt.meter is loader.meter and loader.meter.summary().batches == 2 * len(rebuilt)
 
 
 def test_lightning_rebuild_inside_its_patched_init_copies_no_machinery(folder):

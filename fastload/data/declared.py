@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import abc
 import logging
 import threading
 import time
@@ -62,7 +63,7 @@ def is_declared(dataset: Any) -> bool:
     return isinstance(dataset, DeclaredImages)
 
 
-class DeclaredImages(Dataset):
+class DeclaredImages(Dataset, abc.ABC):
     """Base of fastload's declared image datasets (NOTE [a declared dataset]).
 
     Subclasses set ``pipeline``, ``compiled``, ``on_error``, ``seed`` and
@@ -78,26 +79,26 @@ class DeclaredImages(Dataset):
 
     # What a source implements ------------------------------------------------------------
 
+    @abc.abstractmethod
     def read_bytes(self, index: int) -> bytes:
         """The encoded bytes of sample ``index``; a failed read raises :meth:`unreadable`."""
-        raise NotImplementedError
 
     def read_batch(self, indices: Sequence[int]) -> list[bytes | Exception | None]:
         """The bytes of a batch's samples (or each read's error) read at once, or Nones: then
         each :meth:`load` reads its own."""
         return [None] * len(indices)
 
+    @abc.abstractmethod
     def label(self, index: int) -> int:
         """The integer label of sample ``index``."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def sample_name(self, index: int) -> str:
         """The short name of sample ``index`` (a path) that skip records and errors carry."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def sample_url(self, index: int) -> str:
         """Where sample ``index`` lives, as a URL, for messages."""
-        raise NotImplementedError
 
     @property
     def cache(self) -> Any:

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,14 +24,14 @@ import torch
 
 
 @dataclass(frozen=True)
-class Augment:
+class Augment(abc.ABC):
     """A compiled augmentation; ``name`` is the user's step's class, for notes and messages."""
 
     name: str
 
+    @abc.abstractmethod
     def apply(self, image: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         """``image`` (a CHW tensor, uint8 or float) augmented with parameters drawn from ``g``."""
-        raise NotImplementedError
 
 
 def chance(g: torch.Generator, p: float) -> bool:
