@@ -169,6 +169,12 @@ def normalize(step: Any, known: Known | None) -> Normalize | None:
         return None
 
 
+def is_exact_normalize(step: Any, known: Known | None) -> bool:
+    """Whether ``step`` is torchvision's own Normalize (v1 or v2), not a subclass that may
+    override what it does (NOTE [a float table] in :mod:`fastload.data.float_table`)."""
+    return known is not None and type(step) in known.normalize
+
+
 def _floats(values: Any) -> list[float]:
     """Numbers, or a tensor of them, as floats; a float32 tensor's by their shortest spelling
     (0.485, not 0.48500001430511475: the same float32 when Normalize makes its tensor)."""

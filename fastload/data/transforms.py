@@ -28,7 +28,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,7 @@ import torch
 from PIL import Image
 
 from fastload.arguments import config_error
-from fastload.data import draws, known_steps
+from fastload.data import draws, float_table, known_steps
 from fastload.data.pipeline import ImagePipeline, Normalize, Step
 from fastload.data.sampling import mix_seed
 from fastload.errors import ConfigError
@@ -85,7 +85,10 @@ def _uint8_tensor(image: Any) -> Any:
 
 @dataclass(frozen=True)
 class ToUint8Tensor:
-    """Stands for PILToTensor / ToImage: the decoded image already is a uint8 CHW tensor."""
+    """Stands for PILToTensor / ToImage: the decoded image already is a uint8 CHW tensor.
+    ``user_step``: the user's own (NOTE [a float table] runs it)."""
+
+    user_step: Any = field(default=None, compare=False, repr=False)
 
     def __call__(self, image: Any) -> Any:
         return _uint8_tensor(image)
@@ -94,7 +97,10 @@ class ToUint8Tensor:
 @dataclass(frozen=True)
 class ToFloat:
     """Stands for ToTensor / ToDtype(float32, scale=True) / ConvertImageDtype(float32):
-    uint8 -> float32 in [0, 1]; a float tensor is left as it is (as those transforms do)."""
+    uint8 -> float32 in [0, 1]; a float tensor is left as it is (as those transforms do).
+    ``user_step``: the user's own (NOTE [a float table] runs it)."""
+
+    user_step: Any = field(default=None, compare=False, repr=False)
 
     def __call__(self, image: Any) -> Any:
         image = _uint8_tensor(image)
@@ -117,6 +123,11 @@ class OnPIL:
 def _pil(image: Any) -> Any:
     """A uint8 CHW tensor as a PIL image (lossless: RGB uint8); anything else unchanged."""
     if isinstance(image, torch.Tensor) and image.dtype == torch.uint8 and image.dim() == 3:
+        if image.shape[0] == 3 and image.is_contiguous():  # 3 planes merged by Pillow: 8x fromarray's speed
+            height, width = image.shape[1:]
+            planes = image.numpy()
+            return Image.merge("RGB", [Image.frombuffer("L", (width, height), planes[c], "raw", "L", 0, 1)
+                                       for c in range(3)])
         return Image.fromarray(image.permute(1, 2, 0).numpy())
     return image
 
@@ -197,7 +208,8 @@ class CompiledTransform:
     def rest_names(self) -> list[str]:
         """Class names of the user's steps in ``rest`` (for messages)."""
         steps = getattr(self.rest, "steps", (self.rest,) if self.rest is not None else ())
-        names = [_name(s) for s in steps if not isinstance(s, (ToFloat, ToUint8Tensor))]
+        steps = [n for s in steps for n in (s.names if isinstance(s, float_table.FloatTable) else [s])]
+        names = [s if isinstance(s, str) else _name(s) for s in steps if not isinstance(s, (ToFloat, ToUint8Tensor))]
         return names or ["conversions"]
 
     @property
@@ -366,7 +378,7 @@ def compile_transform(transform: Callable[[Any], Any], *, layout: str = "CHW") -
             notes.append(f"{name} -> fastload's draws from the sample's generator, torchvision's "
                          f"kernels on {shape}")
         elif kind is not None:
-            runnable.append(ToFloat() if kind == "float" else ToUint8Tensor())
+            runnable.append(ToFloat(step) if kind == "float" else ToUint8Tensor(step))
             pil = False
             if kind == "float":
                 notes.append(f"{name} -> float in [0, 1]")
@@ -388,6 +400,8 @@ def compile_transform(transform: Callable[[Any], Any], *, layout: str = "CHW") -
     if norm_note:
         notes.append(norm_note)
     # Conversions alone change nothing: the decode already gives a uint8 CHW tensor.
+    runnable = float_table.fuse(runnable, lambda s: isinstance(s, (ToUint8Tensor, ToFloat)),
+                                lambda s: isinstance(s, ToFloat), lambda s: known_steps.is_exact_normalize(s, known))
     rest = Rest(tuple(runnable)) if any(not isinstance(r, ToUint8Tensor) for r in runnable) else None
     if rest is None and norm is not None:
         steps.append(norm)  # the whole transform is declared: pipeline.run does it all
