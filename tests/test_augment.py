@@ -50,6 +50,16 @@ V2_STEPS = {
 }
 
 
+def same_pixels(name: str, mine, theirs) -> bool:
+    """Equal, except GaussianBlur's (NOTE [a separable blur]): two 1-D passes add the same
+    float products in another order, so a pixel may be one level off, on very few pixels."""
+    mine, theirs = (torch.as_tensor(np.asarray(x)).int() for x in (mine, theirs))
+    if "GaussianBlur" not in name:
+        return torch.equal(mine, theirs)
+    diff = (mine - theirs).abs()
+    return mine.shape == theirs.shape and int(diff.max()) <= 1 and diff.float().mean().item() < 1e-3
+
+
 def ours(step, image: torch.Tensor, seed: int) -> torch.Tensor:
     augment, why = compile_augment(step)
     assert augment is not None, why
@@ -69,7 +79,7 @@ def test_v2_steps_draw_and_render_exactly_as_torchvision(name):
     outputs = set()
     for seed in range(120):
         mine = ours(step, image, seed)
-        assert torch.equal(mine, theirs(step, image, seed)), (name, seed)
+        assert same_pixels(name, mine, theirs(step, image, seed)), (name, seed)
         outputs.add(hash(mine.numpy().tobytes()))
     assert len(outputs) > 1  # it does draw
 
@@ -85,7 +95,7 @@ def test_v2_steps_on_pil_images_are_torchvisions_pil_path(name):
     for seed in range(40):
         mine = augment.apply(pil, torch.Generator().manual_seed(seed))
         torch.manual_seed(seed)
-        assert isinstance(mine, Image.Image) and np.array_equal(np.asarray(mine), np.asarray(step(pil)))
+        assert isinstance(mine, Image.Image) and same_pixels(name, mine, step(pil)), (name, seed)
 
 
 def ks_statistic(a: list[float], b: list[float]) -> float:

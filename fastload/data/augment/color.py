@@ -1,7 +1,8 @@
 """Colour augmentations: ColorJitter, RandomGrayscale, GaussianBlur and the random-apply ones.
 
 Each draws what torchvision's class draws, in its order (NOTE [augmentations draw from the
-sample's generator] in :mod:`fastload.data.augment`), and runs torchvision's v2 kernel.
+sample's generator] in :mod:`fastload.data.augment`), and runs torchvision's v2 kernel
+(GaussianBlur on uint8: the same blur in two 1-D passes, NOTE [a separable blur]).
 
 Example::
 
@@ -19,6 +20,7 @@ import torch
 from torchvision.transforms.v2 import functional as F
 
 from fastload.data.augment.base import Augment, chance, uniform
+from fastload.data.augment.blur import gaussian_blur
 
 
 @dataclass(frozen=True)
@@ -75,4 +77,4 @@ class GaussianBlur(Augment):
 
     def apply(self, image: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         s = uniform(g, self.sigma[0], self.sigma[1])
-        return F.gaussian_blur(image, list(self.kernel_size), [s, s])
+        return gaussian_blur(image, self.kernel_size, (s, s))
