@@ -185,7 +185,7 @@ def _labels(files: Sequence[FileRows], names: list[str] | None) -> list[str]:
     """Labels made ints in place (names by their position among ``names`` or the sorted
     names; None -> -1); returns the class names."""
     raw = [v for f in files for v in f.labels]
-    texts = sorted({str(v) for v in raw if isinstance(v, str)})
+    texts = {v for v in raw if isinstance(v, str)}
     if texts:
         names = names or sorted(texts | {str(v) for v in raw if isinstance(v, int)})
     position = {n: i for i, n in enumerate(names or [])}
