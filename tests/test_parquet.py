@@ -253,6 +253,16 @@ def test_s3_reads_one_range_per_row_group_and_then_the_cache(
     assert s3_server.gets("fastload-parquet/") == {}  # a listing of the glob only (no GET)
 
 
+def test_a_hub_file_is_versioned_by_its_blob_id():
+    # the fields of huggingface_hub's HfFileSystem.info() (hf:// cannot be reached here)
+    from fastload.data.parquet_build import file_version
+
+    info = {"name": "datasets/o/d/train-0.parquet", "size": 10, "type": "file",
+            "blob_id": "9f3a", "lfs": {"sha256": "ab", "size": 10}, "last_commit": None}
+    assert file_version(info) == "10:9f3a"
+    assert file_version({"size": 10, "ETag": '"e1"'}) == '10:"e1"'
+
+
 def test_bad_arguments_say_what_to_pass(hf_files):
     from fastload.errors import ConfigError
 

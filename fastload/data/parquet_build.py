@@ -41,7 +41,9 @@ from fastload.io.versions import version_of
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BUILD_JOBS", "IMAGE_COLUMNS", "LABEL_COLUMNS", "expand_urls", "parquet_index"]
+__all__ = [
+    "BUILD_JOBS", "IMAGE_COLUMNS", "LABEL_COLUMNS", "expand_urls", "file_version", "parquet_index",
+]
 
 BUILD_JOBS = 16
 """Files whose footers and labels are read at once."""
@@ -75,6 +77,15 @@ def expand_urls(given: Sequence[str], storage_options: dict[str, Any]) -> list[s
 
 def _absolute(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
+
+
+def file_version(info: dict[str, Any]) -> str:
+    """A file's version from its ``info()``: :func:`~fastload.io.versions.version_of`, with
+    the git blob id where huggingface_hub's filesystem gives one and no ETag or mtime (a
+    file rewritten with the same size is then another version)."""
+    version = version_of(info)
+    blob = info.get("blob_id") or (info.get("lfs") or {}).get("sha256")
+    return f"{version}:{blob}" if blob and ":" not in version else version
 
 
 def _hf_class_names(schema: Any, label: str) -> list[str] | None:
@@ -160,7 +171,7 @@ class _FileScan:
                 raise
             raise DatasetError(f"{self.url} is not a readable Parquet file: {exc}. Check that the "
                                "URL names a .parquet file") from exc
-        return FileRows(version_of(info), size, footer), metadata
+        return FileRows(file_version(info), size, footer), metadata
 
     def rows(self, found: FileRows, metadata: Any, leaf: str, label: str | None) -> FileRows:
         for g in range(metadata.num_row_groups):
