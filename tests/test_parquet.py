@@ -4,7 +4,10 @@ declared dataset: the index, the bytes, every engine and torch workers, the row-
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -162,6 +165,30 @@ def test_ranks_read_disjoint_runs_of_whole_row_groups(monkeypatch, hf_files):
     order = ParquetImages(hf_files, size=16).epoch_order
     ranks = [list(EpochSampler(48, seed=0, num_replicas=2, rank=r, order=order)) for r in range(2)]
     assert sorted(ranks[0] + ranks[1]) == list(range(48))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_torchrun_ranks_read_disjoint_runs_of_whole_row_groups(hf_files, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    script = Path(__file__).parent / "dist_scripts" / "shards_ranks.py"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(script), hf_files, "--out", str(tmp_path)],
+        env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["seed"] == ranks[1]["seed"]  # rank 0's, broadcast
+    for epoch in range(2):
+        parts = [r["epochs"][epoch] for r in ranks]
+        assert len(set(parts[0]["keys"]) | set(parts[1]["keys"])) == 48 == sum(
+            len(p["keys"]) for p in parts)
+        for part in parts:
+            assert part["labels"] == part["expected"]  # the loader ran that order
+            groups = part["shards"]  # window 1: each row group's rows in one run
+            runs = 1 + sum(a != b for a, b in zip(groups, groups[1:]))
+            assert runs == len(set(groups))
+    assert ranks[0]["epochs"][0]["keys"] != ranks[0]["epochs"][1]["keys"]
 
 
 def test_bad_rows_are_named_and_skipped(jpeg_root, tmp_path):
