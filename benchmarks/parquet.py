@@ -36,8 +36,8 @@ from torchvision.transforms import v2 as T
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fastload import DataLoader, ParquetImages  # noqa: E402
-from fastload.testing.synthetic import make_jpeg_folder  # noqa: E402
+from fastload import DataLoader, ParquetImages
+from fastload.testing.synthetic import make_jpeg_folder
 
 
 def write_parquet(root: Path, out: Path, files: int, group: int) -> list[str]:

@@ -66,7 +66,7 @@ def expand_urls(given: Sequence[str], storage_options: dict[str, Any]) -> list[s
             if not _GLOB & set(path):
                 out.append(url if protocol or head else _absolute(url))
                 continue
-            fs, _, found = fsspec.core.get_fs_token_paths(url, storage_options=storage_options)
+            _, _, found = fsspec.core.get_fs_token_paths(url, storage_options=storage_options)
             if not found:
                 raise DatasetError(f"no file matches {url}: check the pattern and the storage")
             prefix = (head + "::" if head else "") + (f"{protocol}://" if protocol else "")
