@@ -94,6 +94,9 @@ def test_samples_equal_image_folders_of_the_same_bytes(hf_files, jpeg_root):
     train = ParquetImages(hf_files, size=40, train=True, seed=4)
     folder = ImageFolder(str(jpeg_root), size=40, train=True, seed=4)
     assert torch.equal(train[9][0], folder[9][0])  # the same augmentation draw per index
+    batches = [list(DataLoader(d, batch_size=8, backend="torch", num_workers=0))
+               for d in (train, folder)]
+    assert same_batches(*batches)  # one storage order, one seed: the same augmented epoch
 
 
 def test_pyarrow_binary_column_name_labels_and_brace_patterns(jpeg_root, tmp_path):
