@@ -20,7 +20,12 @@ pq = pytest.importorskip("pyarrow.parquet")
 datasets = pytest.importorskip("datasets")
 
 from fastload import DataLoader, EpochSampler, ImageFolder, ParquetImages
-from fastload.errors import CorruptSampleError, DatasetError, MissingSampleError
+from fastload.errors import (
+    CorruptSampleError,
+    DatasetError,
+    MissingSampleError,
+    ObjectNotFoundError,
+)
 from tests.contracts.resume import interrupted, same_batches
 from tests.fixtures.s3 import upload_folder
 
@@ -54,14 +59,14 @@ def write_hf(root: Path, out: Path, *, per_file: int = 20, group: int = 6) -> st
 
 
 def write_arrow(root: Path, path: Path, *, group: int = 8, replace: dict | None = None,
-                label: str = "labels", names: bool = True) -> str:
-    """The images as one file written by pyarrow: a binary ``img`` column and class names in
-    ``label``; ``replace``: {row: bytes or None} put in place of those rows' images."""
+                image: str = "img", label: str = "labels", names: bool = True) -> str:
+    """The images as one file written by pyarrow: a binary column ``image`` and class names
+    in ``label``; ``replace``: {row: bytes or None} put in place of those rows' images."""
     rows = images_of(root)
     data = [(replace or {}).get(i, b) for i, (_, b, _) in enumerate(rows)]
     labels = [CLASSES[c] if names else c for _, _, c in rows]
     path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"img": pa.array(data, pa.binary()), label: labels}), path,
+    pq.write_table(pa.table({image: pa.array(data, pa.binary()), label: labels}), path,
                    row_group_size=group)
     return str(path)
 
@@ -235,6 +240,16 @@ def test_missing_columns_and_files_that_are_not_parquet(jpeg_root, tmp_path):
         ParquetImages(str(text))
     with pytest.raises(DatasetError, match=r"no file matches .*nothing-\*\.parquet"):
         ParquetImages(str(tmp_path / "nothing-*.parquet"))
+    with pytest.raises(ObjectNotFoundError, match=r"cannot index the Parquet file .*gone\.parquet: "
+                       "it does not exist"):
+        ParquetImages(str(tmp_path / "gone.parquet"))
+    hf = write_hf(jpeg_root, tmp_path / "hf", per_file=48)
+    with pytest.raises(DatasetError, match=r"x\.parquet has no column 'image' \(the first file"):
+        ParquetImages([hf.replace("*", "00000"), path])
+    binary = write_arrow(jpeg_root, tmp_path / "binary.parquet", image="image", label="label")
+    with pytest.raises(DatasetError, match=r"column 'image' of .*binary\.parquet is binary, of the "
+                       r"first file .* struct<bytes: binary, path: string>: write the files"):
+        ParquetImages([hf.replace("*", "00000"), binary])
 
 
 def test_a_file_gone_since_the_index_is_named_and_skipped(jpeg_root, tmp_path):

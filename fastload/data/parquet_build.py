@@ -233,7 +233,11 @@ def _scan(fs: Any, urls: Sequence[str], paths: Sequence[str], columns: Columns,
                 if name is not None and name not in other.names:
                     raise DatasetError(f"{scan.url} has no column {name!r} (the first file, "
                                        f"{urls[0]}, has); its columns: {', '.join(other.names)}")
-            _image_leaf(other, image, scan.url)
+            if _image_leaf(other, image, scan.url) != leaf:
+                raise DatasetError(
+                    f"column {image!r} of {scan.url} is {other.field(image).type}, of the first "
+                    f"file ({urls[0]}) {schema.field(image).type}: write the files with one "
+                    "schema, or read them as separate datasets")
         files = list(pool.map(lambda sh: guarded(sh[0].url, lambda: sh[0].rows(
             sh[1][0], sh[1][1], leaf, label)), zip(scans, heads)))
     classes = _labels(files, _hf_class_names(schema, label) if label else None)
