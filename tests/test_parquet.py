@@ -306,6 +306,35 @@ def test_s3_reads_one_range_per_row_group_and_then_the_cache(
     assert s3_server.gets("fastload-parquet/") == {}  # a listing of the glob only (no GET)
 
 
+def test_the_row_group_lru_loads_a_group_once_and_keeps_at_least_its_minimum():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastload.data.parquet_read import GroupLRU
+
+    lru, calls = GroupLRU(keep=2, budget=0), []
+
+    def load(group):
+        calls.append(group)
+        if group < 0:
+            raise OSError("unreadable")
+        return pa.array([b"x" * 100] * 10, pa.binary())
+
+    with ThreadPoolExecutor(8) as pool:  # threads asking for one group at once: one load
+        values = list(pool.map(lambda _: lru.get(7, load), range(32)))
+    assert calls == [7] and all(v is values[0] for v in values)
+    lru.get(8, load), lru.get(9, load)  # over the budget: only the `keep` newest stay
+    assert 7 not in lru and 8 in lru and 9 in lru and lru.loads == 3
+    with pytest.raises(OSError, match="unreadable"):
+        lru.get(-1, load)
+    with pytest.raises(OSError):
+        lru.get(-1, load)  # a failed load is not kept: the next asks again
+    assert calls.count(-1) == 2
+    roomy = GroupLRU(keep=1)  # the default budget keeps more than `keep` small groups
+    for g in range(5):
+        roomy.get(g, load)
+    assert all(g in roomy for g in range(5))
+
+
 def test_a_hub_file_is_versioned_by_its_blob_id():
     # the fields of huggingface_hub's HfFileSystem.info() (hf:// cannot be reached here)
     from fastload.data.parquet_build import file_version

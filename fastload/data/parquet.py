@@ -105,7 +105,8 @@ class ParquetImages(DeclaredImages):
         storage_options: passed to fsspec.
         listing_max_age: seconds an index stored in the cache is reused.
         shuffle_window: row groups whose samples an epoch shuffles together (NOTE
-            [shard-aware order]); each process keeps twice that many decoded.
+            [shard-aware order]); each process keeps at least twice that many decoded
+            (more up to 256 MiB).
 
     Attributes:
         index: the :class:`~fastload.data.parquet_index.ParquetIndex` (numpy arrays).

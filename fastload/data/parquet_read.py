@@ -12,8 +12,9 @@ later). A read outside the ranges (pyarrow pads old parquet-mr files' chunks) go
 fallback read of the file.
 
 The decoded column (an Arrow binary array) is kept in :class:`GroupLRU`, a per-process LRU
-of a few row groups with one load per group at a time (read threads that want the same
-group wait for the first), so the shard-aware epoch order (row groups as shards, NOTE
+of row groups (at least the ``2 x shuffle_window`` the order reads at once, more up to
+:data:`GROUP_BUDGET_BYTES`) with one load per group at a time (read threads that want the
+same group wait for the first), so the shard-aware epoch order (row groups as shards, NOTE
 [shard-aware order]) reads each row group once per process.
 
 Example::
@@ -43,6 +44,10 @@ __all__ = ["GroupLRU", "RangeFile", "decode_column", "footer_of", "pyarrow_parqu
 
 FOOTER_READ = 64 * 1024
 """Bytes read from a file's end to find its footer (most footers fit: one request)."""
+
+GROUP_BUDGET_BYTES = 256 * 2**20
+"""Bytes of decoded row groups a process keeps beyond the few its order needs at once: the
+threads engine's read threads run a few batches ahead, over more than one window of groups."""
 
 
 def pyarrow_parquet() -> Any:
@@ -150,12 +155,15 @@ def decode_column(metadata: Any, size: int, ranges: Mapping[int, bytes], group: 
 
 
 class GroupLRU:
-    """The last ``capacity`` row groups' decoded columns of this process, by group number;
-    one load of a group at a time (NOTE [one range per row group])."""
+    """This process's last-used row groups' decoded columns, by group number: at least
+    ``keep`` of them, more while they hold at most ``budget`` bytes; one load of a group at a
+    time (NOTE [one range per row group])."""
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = max(1, int(capacity))
-        self._values: OrderedDict[int, Any] = OrderedDict()
+    def __init__(self, keep: int, budget: int = GROUP_BUDGET_BYTES) -> None:
+        self.keep = max(1, int(keep))
+        self.budget = int(budget)
+        self._values: OrderedDict[int, tuple[Any, int]] = OrderedDict()
+        self._bytes = 0
         self._loading: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self.loads = 0  # groups loaded (a test and a benchmark read it)
@@ -171,7 +179,7 @@ class GroupLRU:
             with self._lock:
                 if group in self._values:
                     self._values.move_to_end(group)
-                    return self._values[group]
+                    return self._values[group][0]
                 waiting = self._loading.get(group)
                 if waiting is None:
                     done = self._loading[group] = threading.Event()
@@ -179,11 +187,13 @@ class GroupLRU:
             waiting.wait()
         try:
             value = load(group)
+            size = int(getattr(value, "nbytes", 0))
             with self._lock:
                 self.loads += 1
-                self._values[group] = value
-                while len(self._values) > self.capacity:
-                    self._values.popitem(last=False)
+                self._values[group] = (value, size)
+                self._bytes += size
+                while len(self._values) > self.keep and self._bytes > self.budget:
+                    self._bytes -= self._values.popitem(last=False)[1][1]
             return value
         finally:
             with self._lock:
