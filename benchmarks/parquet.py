@@ -12,8 +12,15 @@ out, shuffled. Rows (images/s of the last of --epochs epochs):
   ``with_transform`` of torchvision v2 transforms on the PIL images ``datasets`` decodes,
   in a torch DataLoader with --workers workers: the recipe of Hugging Face's image tutorials
 
-Then the ratio of fastload's rows to datasets'. Run once, small, to check it works; the
-numbers mean something on a quiet machine only.
+Then the ratio of fastload's rows to datasets'. With --latency-ms > 0, the same files and
+JPEGs on moto's S3 server (a process of its own) behind ``latency::`` (that many ms per
+request), fastload's threads engine, first epoch each:
+
+* ImageFolder remote, per object: one GET per image, no cache
+* ParquetImages remote, cold: a new cache directory, one range GET per row group (the index
+  built before it, timed apart); warm: its second epoch (row groups on the disk tier)
+
+Run once, small, to check it works; the numbers mean something on a quiet machine only.
 
     python benchmarks/parquet.py                   # 512 images, 2 files, row groups of 100
     python benchmarks/parquet.py --images 2000 --workers 2
@@ -36,8 +43,11 @@ from torchvision.transforms import v2 as T
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fastload import DataLoader, ParquetImages
+from cache_epoch import served_folder  # benchmarks/
+
+from fastload import DataLoader, ImageFolder, ParquetImages
 from fastload.testing.synthetic import make_jpeg_folder
+from tests.fixtures.s3 import upload_folder
 
 
 def write_parquet(root: Path, out: Path, files: int, group: int) -> list[str]:
@@ -99,12 +109,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--epochs", type=int, default=2, help="the last one is timed")
+    parser.add_argument("--latency-ms", type=float, default=15.0, help="0: no remote rows")
     args = parser.parse_args()
     logging.getLogger("datasets").setLevel(logging.WARNING)
     local = make_jpeg_folder(ROOT / ".fastload-data" / f"parquet-bench-{args.images}",
                              images=args.images, classes=10, size=(500, 375))
     work = Path(tempfile.mkdtemp(prefix="fastload-parquet-bench-"))
-    files = write_parquet(local, work, args.files, args.group)
+    (work / "files").mkdir()
+    files = write_parquet(local, work / "files", args.files, args.group)
     n, batch = args.images, args.batch_size
     rows: dict[str, float] = {}
     start = time.perf_counter()
@@ -126,6 +138,32 @@ def main() -> None:
         print(f"  {name:44s} {value:8.1f} images/s  {value / baseline:5.2f}x datasets")
     print(f"  ParquetImages index: {index_s:.2f} s, {ds.index.nbytes / len(ds):.0f} bytes/sample; "
           f"datasets' Arrow cache: {arrow_s:.2f} s")
+    if args.latency_ms > 0:
+        remote_rows(local, work, args)
+
+
+def remote_rows(local: Path, work: Path, args: argparse.Namespace) -> None:
+    """The remote rows (see the module doc), printed."""
+    n, rows = args.images, {}
+    common = {"size": args.size, "train": True, "seed": 0}
+    run = {"batch_size": args.batch_size, "shuffle": True, "backend": "threads"}
+    bucket = f"s3://parquet-bench-{n}"
+    with served_folder(local, f"{bucket}/folder", args.latency_ms) as (url, options):
+        files = upload_folder(options["s3"], work / "files", f"{bucket}/parquet")
+        start = time.perf_counter()
+        ds = ParquetImages(f"latency::{files}/train-*.parquet", storage_options=options,
+                           cache={"disk": str(work / "cache")}, **common)
+        index_s = time.perf_counter() - start
+        folder = ImageFolder(url, storage_options=options, **common)
+        rows["ImageFolder remote, per object"] = rate(n, DataLoader(folder, **run), 1)
+        loader = DataLoader(ds, **run)
+        rows["ParquetImages remote, cold"] = rate(n, loader, 1)
+        rows["ParquetImages remote, warm (disk tier)"] = rate(n, loader, 1)
+    print(f"remote: moto + {args.latency_ms:g} ms/request, threads engine, one epoch each")
+    per_object = rows["ImageFolder remote, per object"]
+    for name, value in rows.items():
+        print(f"  {name:44s} {value:8.1f} images/s  {value / per_object:5.2f}x per object")
+    print(f"  remote ParquetImages index: {index_s:.2f} s")
 
 
 if __name__ == "__main__":
