@@ -29,11 +29,10 @@ from typing import Any
 
 import fsspec
 
-from fastload.cache.keys import digest
 from fastload.cache.tiered import TieredCache
+from fastload.data.index_blob import load_stored, store, stored_key
 from fastload.data.parquet_index import FORMAT, FileRows, ParquetIndex
 from fastload.data.parquet_read import decode_column, footer_of, read_metadata
-from fastload.data.stored_listing import KEY_PREFIX
 from fastload.data.tarfiles import expand_braces
 from fastload.errors import ConfigError, DatasetError
 from fastload.io.errors import storage_error
@@ -244,30 +243,6 @@ def _scan(fs: Any, urls: Sequence[str], paths: Sequence[str], columns: Columns,
     return files, classes, {"image": image, "leaf": leaf, "label": label}
 
 
-def _key(urls: Sequence[str], columns: Columns, storage_options: dict[str, Any]) -> str:
-    options = json.dumps(storage_options or {}, sort_keys=True,
-                         default=lambda o: type(o).__qualname__)
-    made_of = json.dumps([list(urls), list(columns)])
-    return f"{KEY_PREFIX}{FORMAT}:{digest(made_of)}#opts={digest(options)[:16]}"
-
-
-def _load(cache: TieredCache, key: str, urls: Sequence[str], max_age: float) -> ParquetIndex | None:
-    for tier in (t for t in cache.tiers if t.shared):
-        blob = tier.get(key) if tier.contains(key) else None
-        if blob is None:
-            continue
-        try:
-            index = ParquetIndex.from_bytes(blob)
-        except ValueError as exc:
-            logger.debug("ignoring the stored Parquet index %s in the %s tier: %s",
-                         key, tier.name, exc)
-            continue
-        age = time.time() - index.listed_at
-        if index.urls == list(urls) and -300 <= age <= max_age:
-            return index
-    return None
-
-
 def parquet_index(
     fs: Any, urls: Sequence[str], paths: Sequence[str], *, columns: Columns,
     cache: TieredCache | None, storage_options: dict[str, Any], max_age: float,
@@ -277,9 +252,9 @@ def parquet_index(
     ``columns``: (image column or "auto", label column, "auto" or None)."""
     if not urls:
         raise ConfigError("ParquetImages needs at least one file")
-    key = _key(urls, columns, storage_options)
+    key = stored_key(FORMAT, [list(urls), list(columns)], storage_options)
     if cache is not None and max_age > 0:
-        found = _load(cache, key, urls, max_age)
+        found = load_stored(cache, key, ParquetIndex.from_bytes, urls, max_age)
         if found is not None:
             logger.debug("Parquet index of %d files reused from the cache", len(urls))
             return found
@@ -289,8 +264,5 @@ def parquet_index(
     logger.info("indexed %d rows in %d row groups of %d Parquet files in %.1f s",
                 len(index), len(index.group_file), len(urls), time.perf_counter() - start)
     if cache is not None:
-        blob = index.to_bytes()
-        for tier in (t for t in cache.tiers if t.shared):
-            tier.delete(key)
-            tier.put(key, blob)
+        store(cache, key, index.to_bytes())
     return index

@@ -21,15 +21,14 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from fastload.data.index_blob import pack, unpack
 
 __all__ = ["FORMAT", "FileRows", "ParquetIndex"]
 
@@ -152,31 +151,18 @@ class ParquetIndex:
         return self._footers[start: int(self._footer_ends[file])].tobytes()
 
     def to_bytes(self) -> bytes:
-        """The index as one blob (magic, a checksum, JSON meta, npz arrays)."""
-        out = io.BytesIO()
-        np.savez(out, group=self.groups, row=self.rows, label=self.labels,
-                 group_file=self.group_file, group_number=self.group_number,
-                 group_start=self.group_start, group_length=self.group_length,
-                 footer=self._footers, footer_end=self._footer_ends)
-        meta = json.dumps(self.meta).encode()
-        body = len(meta).to_bytes(8, "little") + meta + out.getvalue()
-        return _MAGIC + hashlib.blake2b(body, digest_size=16).digest() + body
+        """The index as one blob (:func:`~fastload.data.index_blob.pack`)."""
+        return pack(_MAGIC, self.meta, {
+            "group": self.groups, "row": self.rows, "label": self.labels,
+            "group_file": self.group_file, "group_number": self.group_number,
+            "group_start": self.group_start, "group_length": self.group_length,
+            "footer": self._footers, "footer_end": self._footer_ends})
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> ParquetIndex:
         """The index in ``blob``; ValueError for one that is damaged or of another format."""
-        if not blob.startswith(_MAGIC):
-            raise ValueError("not a fastload Parquet index")
-        digest, body = blob[len(_MAGIC): len(_MAGIC) + 16], blob[len(_MAGIC) + 16:]
-        if hashlib.blake2b(body, digest_size=16).digest() != digest:
-            raise ValueError("the Parquet index's checksum does not match (damaged)")
-        size = int.from_bytes(body[:8], "little")
-        meta = json.loads(body[8: 8 + size])
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"a Parquet index of format {meta.get('format')!r}, not {FORMAT!r}")
-        with np.load(io.BytesIO(body[8 + size:]), allow_pickle=False) as arrays:
-            index = cls(meta, {name: arrays[name] for name in arrays.files})
-        per_sample = {len(getattr(index, a)) for a in ("groups", "rows", "labels")}
+        index = cls(*unpack(_MAGIC, FORMAT, blob, "Parquet index"))
+        per_sample = {len(a) for a in (index.groups, index.rows, index.labels)}
         per_group = {len(a) for a in (index.group_file, index.group_number, index.group_start,
                                       index.group_length)}
         if len(per_sample) != 1 or len(per_group) != 1 or len(index._footer_ends) != len(
