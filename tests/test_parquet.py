@@ -104,10 +104,14 @@ def test_samples_equal_image_folders_of_the_same_bytes(hf_files, jpeg_root):
     assert same_batches(*batches)  # one storage order, one seed: the same augmented epoch
 
 
-def test_pyarrow_binary_column_name_labels_and_brace_patterns(jpeg_root, tmp_path):
+def test_pyarrow_binary_column_name_labels_and_brace_patterns(jpeg_root, tmp_path, caplog,
+                                                             monkeypatch):
     one = write_arrow(jpeg_root, tmp_path / "a-0.parquet")
     write_arrow(jpeg_root, tmp_path / "a-1.parquet", group=30)
+    monkeypatch.setattr("fastload.data.parquet.HELD_WARNING_BYTES", 10_000)  # groups of ~50 KB
     ds = ParquetImages(str(tmp_path / "a-{0..1}.parquet"), size=32)
+    assert "keeps 2 x shuffle_window=4 of them decoded" in caplog.text
+    assert "Lower shuffle_window, or write smaller row groups" in caplog.text
     assert ds.index.columns == {"image": "img", "leaf": "img", "label": "labels"}
     assert ds.classes == CLASSES and len(ds) == 96  # names: their sorted position
     assert ds.index.group_sizes().tolist() == [8] * 6 + [30, 18]

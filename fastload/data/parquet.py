@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -55,10 +56,16 @@ from fastload.errors import ConfigError, CorruptSampleError, EmptyDatasetError, 
 from fastload.io.errors import storage_error
 from fastload.io.origin import with_timeouts
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["ParquetImages"]
 
 GROUP_READS = 8
 """Row groups a remote batch reads at once (``read_batch``)."""
+
+HELD_WARNING_BYTES = 2**30
+"""Decoded row groups a process keeps (``2 x shuffle_window`` of the largest) above which
+building the dataset warns."""
 
 
 def _patterns(files: Any) -> list[str]:
@@ -172,6 +179,14 @@ class ParquetImages(DeclaredImages):
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self._order = ShardOrder(self.index.group_sizes(), self.shuffle_window)
         self._process_state()
+        held = 2 * self.shuffle_window * int(self.index.group_length.max(initial=0))
+        if held > HELD_WARNING_BYTES:
+            logger.warning(
+                "%s: row groups of up to %.0f MB; each process reading it keeps 2 x "
+                "shuffle_window=%d of them decoded (%.1f GB). Lower shuffle_window, or write "
+                "smaller row groups (datasets: to_parquet(batch_size=...); pyarrow: "
+                "write_table(row_group_size=...))", self.urls[0],
+                self.index.group_length.max() / 1e6, self.shuffle_window, held / 1e9)
 
     # Per process: the filesystem, the footers, the decoded row groups ----------------------
 
