@@ -238,6 +238,11 @@ def test_missing_columns_and_files_that_are_not_parquet(jpeg_root, tmp_path):
         ParquetImages(path, image_column="picture", label_column="cls")
     with pytest.raises(DatasetError, match=r"column 'cls' of .* is string, not image bytes"):
         ParquetImages(path, image_column="cls", label_column=None)
+    scores = tmp_path / "scores.parquet"
+    pq.write_table(pa.table({"image": pa.array([b"x"], pa.binary()), "label": [0.5]}), scores)
+    with pytest.raises(DatasetError, match=r"scores\.parquet: its label column 'label' holds "
+                       r"float values \(0\.5\); labels are ints or class names"):
+        ParquetImages(str(scores))
     text = tmp_path / "notes.parquet"
     text.write_bytes(b"hello " * 100)
     with pytest.raises(DatasetError, match=r"notes\.parquet is not a readable Parquet file: .*PAR1"):

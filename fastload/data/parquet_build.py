@@ -188,6 +188,13 @@ class _FileScan:
         for g in range(metadata.num_row_groups):
             values = decode_column(metadata, found.size, chunks, g, label, self.read_at)
             found.labels += values.to_pylist()
+        bad = next((v for v in found.labels if v is not None and not isinstance(v, (int, str))),
+                   None)
+        if bad is not None:
+            raise DatasetError(
+                f"{self.url}: its label column {label!r} holds {type(bad).__name__} values "
+                f"({bad!r}); labels are ints or class names. Pass label_column= a column of "
+                "those, or label_column=None for no labels")
         return found
 
 
