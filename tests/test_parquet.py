@@ -137,6 +137,22 @@ def test_loader_gives_each_sample_once_with_every_engine(hf_files, backend):
         assert (xa.float() - xb.float()).abs().mean() < 3
 
 
+class Doubled(ParquetImages):
+    """A subclass with its own __getitem__: only torch workers call it."""
+
+    def __getitem__(self, index):
+        image, label = super().__getitem__(index)
+        return image, label * 2
+
+
+def test_a_subclass_that_overrides_the_read_path_runs_on_torch(hf_files):
+    ds = Doubled(hf_files, size=32)
+    assert "Doubled overrides ParquetImages.__getitem__" in ds.torch_only_reason()
+    loader = DataLoader(ds, batch_size=8)
+    assert loader.backend == "torch"
+    assert sorted(torch.cat([y for _, y in loader]).tolist()) == sorted((ds.targets * 2).tolist())
+
+
 def test_the_epoch_reads_each_row_group_once_and_is_metered(hf_files):
     ds = ParquetImages(hf_files, size=32, train=True, seed=1, shuffle_window=2)
     loader = DataLoader(ds, batch_size=5, shuffle=True, backend="torch", num_workers=0)
