@@ -26,6 +26,7 @@ from fastload.errors import (
     MissingSampleError,
     ObjectNotFoundError,
 )
+from tests.contracts import sharded
 from tests.contracts.resume import interrupted, same_batches
 from tests.fixtures.s3 import upload_folder
 
@@ -122,35 +123,14 @@ def test_pyarrow_binary_column_name_labels_and_brace_patterns(jpeg_root, tmp_pat
 
 @pytest.mark.parametrize("backend", ["threads", "torch", "dali"])
 def test_loader_gives_each_sample_once_with_every_engine(hf_files, backend):
-    if backend == "dali":
-        pytest.importorskip("nvidia.dali")
     ds = ParquetImages(hf_files, size=32, train=True, seed=3, target_transform=lambda y: y * 10)
-    loader = DataLoader(ds, batch_size=8, shuffle=True, backend=backend,
-                        num_workers=2 if backend == "torch" else 0)
-    assert loader.backend == backend
-    labels = torch.cat([y for _, y in loader])
-    assert sorted(labels.tolist()) == sorted((ds.targets * 10).tolist())
-    threads = DataLoader(ds, batch_size=8, shuffle=True, backend="threads")
-    workers = DataLoader(ds, batch_size=8, shuffle=True, backend="torch", num_workers=2)
-    for (xa, ya), (xb, yb) in zip(threads, workers, strict=True):  # one seed: the same batches
-        assert torch.equal(ya, yb)  # the threads engine's ROI decode differs by rounding only
-        assert (xa.float() - xb.float()).abs().mean() < 3
-
-
-class Doubled(ParquetImages):
-    """A subclass with its own __getitem__: only torch workers call it."""
-
-    def __getitem__(self, index):
-        image, label = super().__getitem__(index)
-        return image, label * 2
+    sharded.each_sample_once(ds, backend)
+    if backend == "threads":
+        sharded.threads_match_workers(ds)
 
 
 def test_a_subclass_that_overrides_the_read_path_runs_on_torch(hf_files):
-    ds = Doubled(hf_files, size=32)
-    assert "Doubled overrides ParquetImages.__getitem__" in ds.torch_only_reason()
-    loader = DataLoader(ds, batch_size=8)
-    assert loader.backend == "torch"
-    assert sorted(torch.cat([y for _, y in loader]).tolist()) == sorted((ds.targets * 2).tolist())
+    sharded.subclass_runs_on_torch(ParquetImages, hf_files, size=32)
 
 
 def test_the_epoch_reads_each_row_group_once_and_is_metered(hf_files):
