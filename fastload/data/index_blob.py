@@ -32,11 +32,40 @@ from fastload.data.stored_listing import KEY_PREFIX
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["load_stored", "pack", "store", "stored_key", "unpack"]
+__all__ = ["BlobIndex", "load_stored", "pack", "store", "stored_key", "unpack"]
 
 Index = TypeVar("Index")
 
 _CLOCK_SKEW_S = 300.0  # an index "from the future" by more than this is not trusted
+
+
+class BlobIndex:
+    """What a blob-kept index shares: its ``meta`` header (``urls``, ``versions``, ``classes``,
+    ``listed_at``), and pickling as its blob (one bytes object crosses to worker processes)."""
+
+    meta: dict[str, Any]
+
+    def to_bytes(self) -> bytes:  # the subclass's blob
+        raise NotImplementedError
+
+    def __reduce__(self):
+        return (type(self).from_bytes, (self.to_bytes(),))  # type: ignore[attr-defined]
+
+    @property
+    def urls(self) -> list[str]:
+        return self.meta["urls"]
+
+    @property
+    def versions(self) -> list[str]:
+        return self.meta["versions"]
+
+    @property
+    def classes(self) -> list[str]:
+        return self.meta["classes"]
+
+    @property
+    def listed_at(self) -> float:
+        return float(self.meta["listed_at"])
 
 
 def pack(magic: bytes, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> bytes:

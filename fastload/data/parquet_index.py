@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload.data.index_blob import pack, unpack
+from fastload.data.index_blob import BlobIndex, pack, unpack
 
 __all__ = ["FORMAT", "FileRows", "ParquetIndex"]
 
@@ -48,7 +48,7 @@ class FileRows:
     labels: list[int] = field(default_factory=list)  # one per row, -1 where none
 
 
-class ParquetIndex:
+class ParquetIndex(BlobIndex):
     """The samples of a list of Parquet files (NOTE [the Parquet index]); pickles as one blob."""
 
     def __init__(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
@@ -96,33 +96,14 @@ class ParquetIndex:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __reduce__(self):  # one blob crosses to worker processes
-        return (ParquetIndex.from_bytes, (self.to_bytes(),))
-
-    @property
-    def urls(self) -> list[str]:
-        return self.meta["urls"]
-
-    @property
-    def versions(self) -> list[str]:
-        return self.meta["versions"]
-
     @property
     def sizes(self) -> list[int]:
         return self.meta["sizes"]
 
     @property
-    def classes(self) -> list[str]:
-        return self.meta["classes"]
-
-    @property
     def columns(self) -> dict[str, Any]:
         """``image`` (the column), ``leaf`` (its bytes' path in the schema), ``label``."""
         return self.meta["columns"]
-
-    @property
-    def listed_at(self) -> float:
-        return float(self.meta["listed_at"])
 
     @property
     def nbytes(self) -> int:

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload.data.index_blob import pack, unpack
+from fastload.data.index_blob import BlobIndex, pack, unpack
 
 __all__ = [
     "FORMAT", "IMAGE_EXTENSIONS", "LABEL_EXTENSIONS", "ShardIndex", "ShardRows", "parse_label",
@@ -68,7 +68,7 @@ class ShardRows:
     labels: list[int | str | None]
 
 
-class ShardIndex:
+class ShardIndex(BlobIndex):
     """The samples of a list of shards (NOTE [the shard index]); pickles as one blob."""
 
     def __init__(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
@@ -112,25 +112,6 @@ class ShardIndex:
 
     def __len__(self) -> int:
         return len(self.offsets)
-
-    def __reduce__(self):  # one blob crosses to worker processes
-        return (ShardIndex.from_bytes, (self.to_bytes(),))
-
-    @property
-    def urls(self) -> list[str]:
-        return self.meta["urls"]
-
-    @property
-    def versions(self) -> list[str]:
-        return self.meta["versions"]
-
-    @property
-    def classes(self) -> list[str]:
-        return self.meta["classes"]
-
-    @property
-    def listed_at(self) -> float:
-        return float(self.meta["listed_at"])
 
     @property
     def nbytes(self) -> int:
