@@ -20,6 +20,7 @@ from fastload import DataLoader, EpochSampler, ImageFolder, TarShards
 from fastload.data.shard_order import ShardOrder, shuffle_quality
 from fastload.data.tarfiles import expand_braces, index_url_of, split_key, write_dali_index
 from fastload.errors import CorruptSampleError, DatasetError, MissingSampleError
+from tests.contracts import sharded
 from tests.contracts.resume import interrupted, same_batches
 
 pytestmark = pytest.mark.timeout(180)
@@ -86,35 +87,14 @@ def test_samples_equal_image_folders_of_the_same_files(shards, jpeg_root):
 
 @pytest.mark.parametrize("backend", ["threads", "torch", "dali"])
 def test_loader_gives_each_sample_once_with_the_threads_engine_and_workers(shards, backend):
-    if backend == "dali":
-        pytest.importorskip("nvidia.dali")
     ds = TarShards(shards, size=32, train=True, seed=3, target_transform=lambda y: y * 10)
-    loader = DataLoader(ds, batch_size=8, shuffle=True, backend=backend,
-                        num_workers=2 if backend == "torch" else 0)
-    assert loader.backend == backend
-    labels = torch.cat([y for _, y in loader])
-    assert sorted(labels.tolist()) == sorted((ds.index.labels * 10).tolist())
-    threads = DataLoader(ds, batch_size=8, shuffle=True, backend="threads")
-    workers = DataLoader(ds, batch_size=8, shuffle=True, backend="torch", num_workers=2)
-    for (xa, ya), (xb, yb) in zip(threads, workers, strict=True):  # one seed: the same batches
-        assert torch.equal(ya, yb)  # the threads engine's ROI decode differs by rounding only
-        assert (xa.float() - xb.float()).abs().mean() < 3
-
-
-class Doubled(TarShards):
-    """A subclass with its own __getitem__: only torch workers call it."""
-
-    def __getitem__(self, index):
-        image, label = super().__getitem__(index)
-        return image, label * 2
+    sharded.each_sample_once(ds, backend)
+    if backend == "threads":
+        sharded.threads_match_workers(ds)
 
 
 def test_a_subclass_that_overrides_the_read_path_runs_on_torch(shards):
-    ds = Doubled(shards, size=32)
-    assert "Doubled overrides TarShards.__getitem__" in ds.torch_only_reason()
-    loader = DataLoader(ds, batch_size=8)
-    assert loader.backend == "torch"
-    assert sorted(torch.cat([y for _, y in loader]).tolist()) == sorted((ds.targets * 2).tolist())
+    sharded.subclass_runs_on_torch(TarShards, shards, size=32)
 
 
 def test_exact_mid_epoch_resume(shards):

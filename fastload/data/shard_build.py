@@ -14,15 +14,14 @@ Example::
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fastload.cache.keys import digest
 from fastload.cache.tiered import TieredCache
+from fastload.data.index_blob import load_stored, store, stored_key
 from fastload.data.shard_index import (
     FORMAT,
     IMAGE_EXTENSIONS,
@@ -31,7 +30,6 @@ from fastload.data.shard_index import (
     ShardRows,
     parse_label,
 )
-from fastload.data.stored_listing import KEY_PREFIX
 from fastload.data.tarfiles import index_url_of, parse_dali_index, split_key, walk_members
 from fastload.errors import DatasetError
 from fastload.io.errors import storage_error
@@ -124,38 +122,15 @@ def _one_shard(fs: Any, url: str, path: str) -> tuple[str, ShardRows]:
     return version_of(info), rows
 
 
-def _key(urls: Sequence[str], storage_options: dict[str, Any]) -> str:
-    options = json.dumps(storage_options or {}, sort_keys=True,
-                         default=lambda o: type(o).__qualname__)
-    return f"{KEY_PREFIX}{FORMAT}:{digest(json.dumps(list(urls)))}#opts={digest(options)[:16]}"
-
-
-def _load(cache: TieredCache, key: str, urls: Sequence[str], max_age: float) -> ShardIndex | None:
-    for tier in (t for t in cache.tiers if t.shared):
-        blob = tier.get(key) if tier.contains(key) else None
-        if blob is None:
-            continue
-        try:
-            index = ShardIndex.from_bytes(blob)
-        except ValueError as exc:
-            logger.debug("ignoring the stored shard index %s in the %s tier: %s",
-                         key, tier.name, exc)
-            continue
-        age = time.time() - index.listed_at
-        if index.urls == list(urls) and -300 <= age <= max_age:
-            return index
-    return None
-
-
 def shard_index(
     fs: Any, urls: Sequence[str], paths: Sequence[str], *, cache: TieredCache | None,
     storage_options: dict[str, Any], max_age: float,
 ) -> ShardIndex:
     """The index of the shards at ``urls`` (``paths`` on ``fs``): from the cache when a
     stored one is at most ``max_age`` seconds old, else built and stored (see the module doc)."""
-    key = _key(urls, storage_options)
+    key = stored_key(FORMAT, list(urls), storage_options)
     if cache is not None and max_age > 0:
-        found = _load(cache, key, urls, max_age)
+        found = load_stored(cache, key, ShardIndex.from_bytes, urls, max_age)
         if found is not None:
             logger.debug("shard index of %d shards reused from the cache", len(urls))
             return found
@@ -167,8 +142,5 @@ def shard_index(
     logger.info("indexed %d samples in %d shards in %.1f s",
                 len(index), len(urls), time.perf_counter() - start)
     if cache is not None:
-        blob = index.to_bytes()
-        for tier in (t for t in cache.tiers if t.shared):
-            tier.delete(key)
-            tier.put(key, blob)
+        store(cache, key, index.to_bytes())
     return index

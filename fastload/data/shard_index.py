@@ -21,8 +21,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import time
 from collections.abc import Sequence
@@ -30,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from fastload.data.index_blob import BlobIndex, pack, unpack
 
 __all__ = [
     "FORMAT", "IMAGE_EXTENSIONS", "LABEL_EXTENSIONS", "ShardIndex", "ShardRows", "parse_label",
@@ -68,7 +68,7 @@ class ShardRows:
     labels: list[int | str | None]
 
 
-class ShardIndex:
+class ShardIndex(BlobIndex):
     """The samples of a list of shards (NOTE [the shard index]); pickles as one blob."""
 
     def __init__(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
@@ -113,25 +113,6 @@ class ShardIndex:
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def __reduce__(self):  # one blob crosses to worker processes
-        return (ShardIndex.from_bytes, (self.to_bytes(),))
-
-    @property
-    def urls(self) -> list[str]:
-        return self.meta["urls"]
-
-    @property
-    def versions(self) -> list[str]:
-        return self.meta["versions"]
-
-    @property
-    def classes(self) -> list[str]:
-        return self.meta["classes"]
-
-    @property
-    def listed_at(self) -> float:
-        return float(self.meta["listed_at"])
-
     @property
     def nbytes(self) -> int:
         """Bytes the per-sample arrays hold."""
@@ -148,29 +129,15 @@ class ShardIndex:
         return np.bincount(self.shards, minlength=len(self.urls))
 
     def to_bytes(self) -> bytes:
-        """The index as one blob (magic, JSON meta, npz arrays, a checksum)."""
-        out = io.BytesIO()
-        np.savez(out, shard=self.shards, offset=self.offsets, length=self.lengths,
-                 label=self.labels, keys=self._keys, key_end=self._key_ends)
-        meta = json.dumps(self.meta).encode()
-        body = len(meta).to_bytes(8, "little") + meta + out.getvalue()
-        return _MAGIC + hashlib.blake2b(body, digest_size=16).digest() + body
+        """The index as one blob (:func:`~fastload.data.index_blob.pack`)."""
+        return pack(_MAGIC, self.meta, {
+            "shard": self.shards, "offset": self.offsets, "length": self.lengths,
+            "label": self.labels, "keys": self._keys, "key_end": self._key_ends})
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> ShardIndex:
         """The index in ``blob``; ValueError for one that is damaged or of another format."""
-        if not blob.startswith(_MAGIC):
-            raise ValueError("not a fastload shard index")
-        digest, body = blob[len(_MAGIC): len(_MAGIC) + 16], blob[len(_MAGIC) + 16:]
-        if hashlib.blake2b(body, digest_size=16).digest() != digest:
-            raise ValueError("the shard index's checksum does not match (damaged)")
-        size = int.from_bytes(body[:8], "little")
-        meta = json.loads(body[8: 8 + size])
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"a shard index of format {meta.get('format')!r}, not {FORMAT!r}")
-        with np.load(io.BytesIO(body[8 + size:]), allow_pickle=False) as arrays:
-            loaded = {name: arrays[name] for name in arrays.files}
-        index = cls(meta, loaded)
+        index = cls(*unpack(_MAGIC, FORMAT, blob, "shard index"))
         n = len(index)
         rows = (index.shards, index.lengths, index.labels, index._key_ends)
         if not all(len(a) == n for a in rows):

@@ -1,0 +1,375 @@
+"""``ParquetImages``: Parquet files of images and labels as a declared, map-style dataset.
+
+Each row holds an encoded image (Hugging Face's ``Image`` feature: a struct with ``bytes``
+and ``path``; or a plain binary column) and a label. The rows are found once from the files'
+footers and label columns (NOTE [the Parquet index] in :mod:`.parquet_index`); a sample's
+bytes are a value of its row group's image column, read as one byte range per row group
+through the cache and kept in a small per-process LRU (NOTE [one range per row group] in
+:mod:`.parquet_read`), then decoded by whichever engine runs the loader (threads with ROI
+decode, torch workers, DALI), exactly as :class:`~fastload.ImageFolder`'s files are (NOTE
+[a declared dataset] in :mod:`.declared`). ``fastload.DataLoader`` reads it in a row-group
+aware order (NOTE [shard-aware order] with row groups as the shards). docs/shards.md has
+the whole story.
+
+Example::
+
+    >>> from fastload import DataLoader, ParquetImages
+    >>> ds = ParquetImages("s3://bucket/imagenet/train-*.parquet", size=224, train=True,
+    ...                    cache="~/.cache/fastload")
+    >>> ds.classes[:2], len(ds)
+    >>> loader = DataLoader(ds, batch_size=256, shuffle=True)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import fsspec
+import numpy as np
+
+from fastload.arguments import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_mapping,
+    check_number,
+    check_optional_int,
+    check_size,
+)
+from fastload.cache import TieredCache, open_cache
+from fastload.data import batchinfo
+from fastload.data.declared import DeclaredImages, OnError
+from fastload.data.folder_args import check_callables, check_steps, decode_steps
+from fastload.data.folder_rules import default_loader
+from fastload.data.parquet_build import expand_urls, parquet_index
+from fastload.data.parquet_index import ParquetIndex
+from fastload.data.parquet_read import GroupLRU, decode_column, pyarrow_parquet, read_metadata
+from fastload.data.pipeline import ImagePipeline, Normalize
+from fastload.data.shard_order import ShardOrder
+from fastload.data.stored_listing import DEFAULT_MAX_AGE_S
+from fastload.errors import ConfigError, CorruptSampleError, EmptyDatasetError, SampleError
+from fastload.io.errors import storage_error
+from fastload.io.origin import with_timeouts
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ParquetImages"]
+
+GROUP_READS = 8
+"""Row groups a remote batch reads at once (``read_batch``)."""
+
+HELD_WARNING_BYTES = 2**30
+"""Decoded row groups a process keeps (``2 x shuffle_window`` of the largest) above which
+building the dataset warns."""
+
+
+def _patterns(files: Any) -> list[str]:
+    given = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+    if not given or not all(isinstance(u, (str, os.PathLike)) for u in given):
+        raise ConfigError(
+            "ParquetImages needs Parquet file URLs: a glob ('s3://b/train-*.parquet'), a brace "
+            f"pattern ('train-{{00000..00009}}.parquet'), a URL, a local path or a list; got "
+            f"{files!r}")
+    return [os.fspath(u) for u in given]
+
+
+def _column(where: str, name: str, value: Any, allow_none: bool) -> str | None:
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}({name}={value!r}): pass a column name, or 'auto' to take "
+                          f"the first of the usual names{' (None: no labels)' if allow_none else ''}")
+    return value
+
+
+class ParquetImages(DeclaredImages):
+    """Parquet files whose rows hold an encoded image and a label, as a map-style dataset.
+
+    Takes :class:`~fastload.ImageFolder`'s and :class:`~fastload.TarShards`' arguments where
+    they mean the same.
+
+    Args:
+        files: a glob (``"s3://b/train-*.parquet"``), a brace pattern, one URL or local path,
+            or a list of them; any fsspec URL (``hf://datasets/<org>/<name>/...`` through
+            huggingface_hub's filesystem where it is installed). All on one filesystem.
+        transform: a torchvision transform, compiled into the decode as ImageFolder's.
+        target_transform: called on each label, on every engine.
+        image_column: the column of encoded images: a Hugging Face ``Image`` struct
+            (``bytes``, ``path``) or a binary column; "auto" takes ``image`` or ``img``.
+        label_column: the label column (ints, or names: their position among the sorted
+            names); "auto" takes ``label`` or ``labels``; None: no labels (-1).
+        size, train, normalize, pipeline: the declared steps, as ImageFolder's.
+        cache: where row groups' image chunks are cached (a directory, dict or CacheConfig;
+            docs/cache.md), and the index with them; None reads the origin. Local files are
+            read directly (the index is still kept).
+        on_error: "raise" (default) or "skip", as ImageFolder's.
+        seed: seed of the random augmentations and of the epoch order; None follows torch.
+        storage_options: passed to fsspec.
+        listing_max_age: seconds an index stored in the cache is reused.
+        shuffle_window: row groups whose samples an epoch shuffles together (NOTE
+            [shard-aware order]); each process keeps at least twice that many decoded
+            (more up to 256 MiB).
+
+    Attributes:
+        index: the :class:`~fastload.data.parquet_index.ParquetIndex` (numpy arrays).
+        classes, class_to_idx, targets: as ImageFolder's (``targets`` a numpy array);
+            classes are a ``ClassLabel``'s names where the files' Hugging Face metadata has
+            them.
+        urls: the file URLs, expanded.
+    """
+
+    def __init__(
+        self,
+        files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
+        *,
+        image_column: str = "auto",
+        label_column: str | None = "auto",
+        size: int | tuple[int, int] = 224,
+        train: bool = False,
+        normalize: bool | Normalize = False,
+        pipeline: ImagePipeline | None = None,
+        cache: Any = None,
+        on_error: OnError = "raise",
+        seed: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        listing_max_age: float = DEFAULT_MAX_AGE_S,
+        shuffle_window: int = 4,
+    ) -> None:
+        where = "ParquetImages"
+        pyarrow_parquet()  # says what to install before anything is read
+        self.on_error: OnError = check_choice(  # type: ignore[assignment]
+            where, "on_error", on_error, ("raise", "skip"))
+        size = check_size(where, "size", size)
+        train = check_bool(where, "train", train)
+        check_steps(normalize, pipeline)
+        self.seed = check_optional_int(where, "seed", seed)
+        self.storage_options = check_mapping(where, "storage_options", storage_options)
+        max_age = check_number(where, "listing_max_age", listing_max_age, low=0)
+        self.shuffle_window = check_int(where, "shuffle_window", shuffle_window, minimum=1)
+        columns = (_column(where, "image_column", image_column, False),
+                   _column(where, "label_column", label_column, True))
+        check_callables(target_transform=target_transform)
+        self.transform, self.target_transform = transform, target_transform
+        self.pipeline, self.compiled = decode_steps(
+            default_loader, transform, pipeline, size, train, normalize, cache)
+        self.urls = expand_urls(_patterns(files), self.storage_options)
+        self._cache: TieredCache | None = open_cache(cache)
+        opened = [self._url_to_fs(u) for u in self.urls]
+        if len({type(fs) for fs, _ in opened}) > 1:
+            raise ConfigError(f"ParquetImages reads files of one filesystem; {self.urls} mix "
+                              "protocols")
+        self.paths = [p for _, p in opened]
+        self._fs, self._pid = opened[0][0], os.getpid()
+        self.local = all(
+            fsspec.core.split_protocol(u)[0] in (None, "file", "local") for u in self.urls)
+        self.index: ParquetIndex = parquet_index(
+            self._fs, self.urls, self.paths, columns=columns,  # type: ignore[arg-type]
+            cache=self._cache, storage_options=self.storage_options, max_age=max_age)
+        if len(self.index) == 0:
+            raise EmptyDatasetError(f"no rows in {len(self.urls)} Parquet file(s) starting "
+                                    f"{self.urls[0]}")
+        self.classes = self.index.classes
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        self._order = ShardOrder(self.index.group_sizes(), self.shuffle_window)
+        self._process_state()
+        held = 2 * self.shuffle_window * int(self.index.group_length.max(initial=0))
+        if held > HELD_WARNING_BYTES:
+            logger.warning(
+                "%s: row groups of up to %.0f MB; each process reading it keeps 2 x "
+                "shuffle_window=%d of them decoded (%.1f GB). Lower shuffle_window, or write "
+                "smaller row groups (datasets: to_parquet(batch_size=...); pyarrow: "
+                "write_table(row_group_size=...))", self.urls[0],
+                self.index.group_length.max() / 1e6, self.shuffle_window, held / 1e9)
+
+    # Per process: the filesystem, the footers, the decoded row groups ----------------------
+
+    def _process_state(self) -> None:
+        self._pid = os.getpid()
+        self._metadata: dict[int, Any] = {}
+        self._groups = GroupLRU(2 * self.shuffle_window)
+
+    def _here(self) -> None:
+        if self._pid != os.getpid():  # a new process (fork or unpickled): nothing shared
+            self._fs = None
+            self._process_state()
+
+    @property
+    def fs(self) -> Any:
+        """The files' filesystem (opened again in a new process)."""
+        self._here()
+        if self._fs is None:
+            self._fs = self._url_to_fs(self.urls[0])[0]
+        return self._fs
+
+    @property
+    def groups_loaded(self) -> int:
+        """Row groups this process has read and decoded (each read of one counts)."""
+        self._here()
+        return self._groups.loads
+
+    def _url_to_fs(self, url: str) -> tuple[Any, str]:
+        return fsspec.core.url_to_fs(url, **with_timeouts(url, self.storage_options))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_fs=None, _pid=-1, _metadata={}, _groups=None)
+        return state
+
+    # The contract ---------------------------------------------------------------------------
+
+    @property
+    def cache(self) -> TieredCache | None:
+        return self._cache
+
+    @property
+    def targets(self) -> np.ndarray:
+        return self.index.labels
+
+    @property
+    def epoch_order(self) -> ShardOrder:
+        return self._order
+
+    @property
+    def reads_local_files(self) -> bool:
+        return self.local
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __repr__(self) -> str:
+        more = " ..." if len(self.urls) > 1 else ""
+        return (f"ParquetImages({self.urls[0]!r}{more}, {len(self.urls)} files, "
+                f"{len(self.index.group_file)} row groups, {len(self)} images, "
+                f"{len(self.classes)} classes, on_error={self.on_error!r})")
+
+    def label(self, index: int) -> int:
+        return int(self.index.labels[int(index)])
+
+    def _place(self, index: int) -> tuple[str, int, int]:
+        i = int(index)
+        return (self.urls[self.index.file_of(i)], self.index.group_number_of(i),
+                int(self.index.rows[i]))
+
+    def sample_name(self, index: int) -> str:
+        url, group, row = self._place(index)
+        return f"{os.path.basename(url)}:{group}:{row}"
+
+    def sample_url(self, index: int) -> str:
+        url, group, row = self._place(index)
+        return f"{url} (row group {group}, row {row})"
+
+    def corrupt(self, index: int, exc: BaseException) -> CorruptSampleError:
+        """The error for sample ``index`` whose bytes are not an image it can decode."""
+        why = str(exc) or type(exc).__name__
+        return CorruptSampleError(
+            f"cannot decode the image of {self.sample_url(index)} (index {int(index)}, column "
+            f"{self.index.columns['image']!r}): {why}. Replace or drop that row and write the "
+            "file again, or pass on_error='skip' to skip and count it.",
+            index=int(index), path=self.sample_name(index))
+
+    # Reading --------------------------------------------------------------------------------
+
+    def group_bytes(self, group: int) -> bytes:
+        """The bytes of row group ``group``'s image column chunk (groups counted over all
+        files): the one read of remote data (NOTE [one range per row group]). Through the
+        cache, under the key of ``<file URL>#<start>+<length>`` at the file's indexed
+        version; local files are read directly. Storage errors propagate as raised."""
+        file = int(self.index.group_file[group])
+        start, length = int(self.index.group_start[group]), int(self.index.group_length[group])
+        key = None
+        if self._cache is not None and not self.local:
+            key = self._cache.key_of(f"{self.urls[file]}#{start}+{length}",
+                                     self.index.versions[file])
+            for tier in self._cache.tiers:
+                data = tier.get(key)
+                if data is not None:
+                    return data
+        data = self.fs.cat_file(self.paths[file], start=start, end=start + length)
+        if len(data) != length:
+            raise OSError(f"read {len(data)} of row group {int(self.index.group_number[group])}'s "
+                          f"{length} bytes at byte {start} (the file changed since it was "
+                          "indexed? build the ParquetImages again)")
+        if key is not None and self._cache is not None:
+            for tier in self._cache.tiers:
+                tier.put(key, data)
+        return data
+
+    def _load_group(self, group: int) -> Any:
+        file = int(self.index.group_file[group])
+        metadata = self._metadata.get(file)
+        if metadata is None:
+            metadata = self._metadata[file] = read_metadata(self.index.footer(file))
+
+        def outside(offset: int, length: int) -> bytes:
+            return self.fs.cat_file(self.paths[file], start=offset, end=offset + length)
+
+        data = self.group_bytes(group)
+        try:
+            return decode_column(metadata, self.index.sizes[file],
+                                 {int(self.index.group_start[group]): data},
+                                 int(self.index.group_number[group]),
+                                 self.index.columns["leaf"], outside)
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            raise OSError(f"cannot decode the column chunk of row group "
+                          f"{int(self.index.group_number[group])}: {exc}") from exc
+
+    def _column_of(self, group: int) -> Any:
+        self._here()
+        return self._groups.get(group, self._load_group)
+
+    def _value(self, index: int, column: Any) -> bytes:
+        value = column[int(self.index.rows[int(index)])].as_py()
+        if value is None:
+            raise CorruptSampleError(
+                f"the image of {self.sample_url(index)} (index {int(index)}) is null: the row "
+                f"has no image bytes in column {self.index.columns['image']!r} (a Hugging Face "
+                "Image that names a file by path instead is not read). Write the images' bytes "
+                "into the file (datasets embeds them when it writes Parquet from Image() "
+                "features), drop the row, or pass on_error='skip' to skip and count it.",
+                index=int(index), path=self.sample_name(index))
+        return value
+
+    def read_bytes(self, index: int) -> bytes:
+        """The encoded bytes of sample ``index``, from its row group's image column (read once
+        per process while it is among the last few used). A failed read raises
+        :class:`~fastload.errors.UnreadableSampleError` naming the file, the row group and
+        the row; a null image a :class:`~fastload.errors.CorruptSampleError`."""
+        try:
+            column = self._column_of(self.index.group_of(int(index)))
+        except Exception as exc:  # NOTE [storage errors] in fastload.io.errors
+            error = storage_error(exc, "read", self.sample_url(index))
+            raise self.unreadable(index, error) from exc
+        return self._value(index, column)
+
+    def read_batch(self, indices: Sequence[int]) -> list[bytes | Exception | None]:
+        """A batch's bytes: the row groups it needs and this process does not keep are read
+        at once (remote files: :data:`GROUP_READS` at a time), then each sample's value."""
+        start = time.perf_counter()
+        self._here()
+        wanted = sorted({self.index.group_of(int(i)) for i in indices})
+        missing = [g for g in wanted if g not in self._groups]
+        if len(missing) > 1 and not self.local:
+            with ThreadPoolExecutor(min(GROUP_READS, len(missing)),
+                                    thread_name_prefix="fastload-parquet") as pool:
+                list(pool.map(self._try_group, missing))
+        out: list[bytes | Exception | None] = []
+        for i in indices:
+            try:
+                out.append(self.read_bytes(i))
+            except SampleError:  # load() reads it again and raises the error with its name
+                out.append(None)
+        batchinfo.record(time.perf_counter() - start, 0.0, 0)
+        return out
+
+    def _try_group(self, group: int) -> None:
+        try:
+            self._column_of(group)
+        except Exception:  # noqa: BLE001 - each sample's read_bytes raises it with its name
+            return
