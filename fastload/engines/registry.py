@@ -64,7 +64,7 @@ def _declared_blocker(request: EngineRequest) -> str | None:
     """Why an in-process image engine (threads, DALI) cannot run this loader, or None.
 
     They run a declared dataset's pipeline (NOTE [a declared dataset] in
-    :mod:`fastload.data.declared`: an ImageFolder, TarShards, ...) with one output size,
+    :mod:`fastload.data.declared`: an ImageFolder, TarShards, ParquetImages, ...) with one output size,
     batched, with fastload's own collation: what torch would give, without torch's workers.
     """
     from fastload.data.declared import is_declared
@@ -74,7 +74,7 @@ def _declared_blocker(request: EngineRequest) -> str | None:
     if not is_declared(dataset):
         return (
             f"the dataset is a {type(dataset).__name__}, not a declared fastload dataset "
-            "(ImageFolder, TarShards); only declared pipelines run outside torch workers"
+            "(ImageFolder, TarShards, ParquetImages); only declared pipelines run outside torch workers"
         )
     own = dataset.torch_only_reason()  # a custom loader=, a subclass's own __getitem__
     if own is not None:

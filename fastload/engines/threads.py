@@ -89,7 +89,7 @@ class ThreadEngine(Engine):
     """Runs a declared dataset's epochs on threads (see the module's docstring).
 
     Args:
-        dataset: the declared dataset (ImageFolder, TarShards); its pipeline must end in a
+        dataset: the declared dataset (ImageFolder, TarShards, ParquetImages); its pipeline must end in a
             crop (one output size).
         batch_sampler: the loader's batch plan, iterated once per epoch.
         threads: pixel threads (one per usable core is right; see NOTE [two pools]).
