@@ -40,6 +40,7 @@ from fastload.device import resolve_device
 from fastload.engines import Backend, Engine, WorkerParts, choose_backend
 from fastload.engines.probe import ProbeEngine
 from fastload.engines.threads import ThreadEngine
+from fastload.io import wds
 from fastload.loader import assembly, autotune, first_epoch, resume
 from fastload.loader.iterator import epoch_iterator
 from fastload.loader.plan import epoch_plan
@@ -126,6 +127,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         backend: Backend = "auto",
     ) -> None:
         target = resolve_device(device)
+        wds.prepare_loader(dataset, shuffle=shuffle, sampler=sampler)  # webdataset pipelines
         batched = batch_size is not None or batch_sampler is not None
         if collate_fn is (default_collate if batched else default_convert):
             collate_fn = None  # torch's default, as a rebuild reads it back: not a custom one
