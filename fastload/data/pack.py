@@ -11,7 +11,7 @@ written re-encoded instead, as ``<key>.jpg`` (it is a JPEG then); smaller ones k
 bytes and extension, and one that does not decode keeps its bytes (logged, counted in the
 report: it fails in the pipeline as it would unpacked). The tars are plain POSIX (pax) tar files, as webdataset's
 own ``TarWriter`` makes them. Beside each shard is its DALI index (``x.idx``, ``wds2idx``'s
-v1.2 format, for DALI's reader's ``index_paths``, not yet tested with it;
+v1.2 format, for DALI's reader's ``index_paths``: tests/test_dali_shards.py reads with it;
 :class:`~fastload.TarShards` then reads no headers), and in ``dst`` a ``shards.json`` in
 wids' shard-index format (``__kind__: wids-shard-index-v1``, ``shardlist`` of
 ``url``/``nsamples``) with fastload's own fields under ``"fastload"``: the classes, the
