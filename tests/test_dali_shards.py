@@ -103,7 +103,7 @@ def test_the_reader_path_resumes_exactly(packed):
                                shuffle=False, backend="dali", meter=False))
         return made[-1]
 
-    full, resumed, state = interrupted(make, k=2)
+    full, resumed, _ = interrupted(make, k=2)
     assert same_batches(full, resumed) and len(full) == 5
     reads = [m.engine.reads for m in made]  # the whole epoch, cut, and the resumed rest
     assert reads[0] == f"DALI's webdataset reader: {len(packed)} runs over local shards"

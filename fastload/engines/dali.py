@@ -62,7 +62,13 @@ from fastload.data.declared import DeclaredImages
 from fastload.data.sample_errors import DECODE_ERRORS
 from fastload.engines.base import Engine, EngineContext
 from fastload.engines.dali_feed import Feed, Reader
-from fastload.engines.dali_reader import MEMBER_EXT, ReaderFiles, prepare_plan, reader_files, sample_bytes
+from fastload.engines.dali_reader import (
+    MEMBER_EXT,
+    ReaderFiles,
+    prepare_plan,
+    reader_files,
+    sample_bytes,
+)
 from fastload.engines.registry import gpu_decoding
 from fastload.errors import BackendError
 

@@ -31,8 +31,8 @@ from PIL import Image
 
 from fastload.data import batchinfo
 from fastload.data.declared import DeclaredImages
-from fastload.data.sample_errors import DECODE_ERRORS
 from fastload.data.pipeline import Plan
+from fastload.data.sample_errors import DECODE_ERRORS
 from fastload.errors import SampleError
 
 logger = logging.getLogger(__name__)
