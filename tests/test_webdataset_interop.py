@@ -160,3 +160,14 @@ def test_a_loader_over_a_pipeline_opens_fastload_urls(local_shards, monkeypatch,
                                  batch_size=6, num_workers=0, meter=False)
     assert equal(list(loader), list(torch.utils.data.DataLoader(pipeline(local_shards), batch_size=6)))
     assert (tmp_path / ".cache" / "fastload").is_dir()
+
+
+@pytest.mark.timeout(300)
+def test_spawned_workers_open_fastload_urls_registered_in_the_main_process(local_shards, tmp_path):
+    fastload.register_gopen(tmp_path / "cache")
+    urls = [f"fastload::{p}" for p in local_shards]
+    loader = fastload.DataLoader(pipeline(urls), batch_size=6, num_workers=2,
+                                 multiprocessing_context="spawn")
+    labels = sorted(torch.cat([y for _, y in loader]).tolist())
+    assert labels == sorted(s[1] for s in samples([str(p) for p in local_shards]))
+    assert (tmp_path / "cache").is_dir()

@@ -17,9 +17,11 @@ Registration is explicit (or done by :class:`fastload.DataLoader` when it is han
 webdataset pipeline), never a side effect of ``import fastload``: importing fastload must stay
 cheap and must not change another library's global table behind the user's back. An entry
 already in the table is left alone (a user's own handler wins) unless ``replace=True``.
-Worker processes started by fork inherit the table; spawn workers re-import the user's main
-module, so call :func:`register_gopen` at its top level (not under ``if __name__ ==
-"__main__"``) when the workers spawn.
+Worker processes started by fork inherit the table; spawned (or forkserver) ones start with
+webdataset's own, so ``fastload.DataLoader`` gives its workers the main process's fastload
+handlers (:class:`GopenInWorkers`, around the user's ``worker_init_fn``). Under torch's own
+DataLoader or ``wds.WebLoader`` with spawned workers, call :func:`register_gopen` at the top
+level of the main module (not under ``if __name__ == "__main__"``): spawn re-imports it.
 
 webdataset splits a *string* of URLs on ``::`` (its way to join shard lists), so
 ``wds.WebDataset("fastload::s3://b/t-{0..3}.tar")`` reaches gopen as ``"fastload"`` and
@@ -32,7 +34,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -208,14 +210,34 @@ def _stages(dataset: Any, module: Any) -> list[Any]:
 
 
 
-def prepare_loader(dataset: Any, *, shuffle: bool | None, sampler: Any) -> PipelineWorkers | None:
+@dataclass(frozen=True)
+class GopenInWorkers:
+    """A ``worker_init_fn`` that gives each worker the main process's fastload handlers
+    (a spawned or forkserver worker starts with webdataset's own table), then runs the
+    user's ``worker_init_fn``. The handlers pickle with it (their cache spec and options)."""
+
+    openers: dict[str, ShardOpener]
+    user_fn: Callable[[int], None] | None = None
+
+    def __call__(self, worker_id: int) -> None:
+        table = _gopen_schemes()
+        for scheme, opener in self.openers.items():
+            table.setdefault(scheme, opener)
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+
+
+def prepare_loader(
+    dataset: Any, *, shuffle: bool | None, sampler: Any, worker_init_fn: Callable[[int], None] | None,
+) -> Callable[[int], None] | None:
     """What :class:`fastload.DataLoader` does first with a webdataset pipeline: make sure
-    its ``fastload::`` URLs open (:func:`ensure_gopen`), and refuse ``shuffle``/``sampler``
-    with the pipeline's own way to shuffle (torch refuses both for any IterableDataset).
-    Returns :func:`pipeline_workers` of ``dataset`` (None: not a webdataset pipeline)."""
-    workers = pipeline_workers(dataset)
-    if workers is None:
-        return None
+    its ``fastload::`` URLs open, in this process (:func:`ensure_gopen`) and in its workers,
+    and refuse ``shuffle``/``sampler`` with the pipeline's own way to shuffle (torch refuses
+    both for any IterableDataset). Returns the ``worker_init_fn`` for the workers:
+    ``worker_init_fn`` itself for any other dataset, else a :class:`GopenInWorkers` around it.
+    """
+    if pipeline_workers(dataset) is None:
+        return worker_init_fn
     ensure_gopen()
     name = type(dataset).__name__
     if shuffle or sampler is not None:
@@ -226,4 +248,5 @@ def prepare_loader(dataset: Any, *, shuffle: bool | None, sampler: Any) -> Pipel
             "shuffle for it); drop the argument and shuffle in the pipeline: "
             "wds.WebDataset(urls, shardshuffle=100).shuffle(1000)"
         )
-    return workers
+    ours = {k: v for k, v in _gopen_schemes().items() if isinstance(v, ShardOpener)}
+    return GopenInWorkers(ours, worker_init_fn)

@@ -81,9 +81,12 @@ def retune(loader: DataLoader) -> bool:
     # The workers' counters are sized per worker: the new count gets new ones, around the
     # user's own worker_init_fn (NOTE [what a rebuild copies]: fastload's parts, not the
     # loader's public attribute).
+    # The init the old counters wrapped: the user's, or fastload's around it (a webdataset
+    # pipeline's handlers, NOTE [registering with webdataset] in fastload.io.wds).
     parts = loader.worker_parts
+    inner = getattr(parts.worker_init_fn, "user_fn", loader.worker_init_fn)
     parts.worker_init_fn = StarvationMeter.worker_init(
-        loader.worker_init_fn, chosen.value, meter, in_order=loader.in_order
+        inner, chosen.value, meter, in_order=loader.in_order
     )
     meter.watch_workers(parts.worker_init_fn)
     meter.num_workers = chosen.value
