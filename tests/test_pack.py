@@ -178,3 +178,22 @@ def test_pack_transcode_bad_values_exit_2(jpeg_root, tmp_path):
     assert alone.returncode == 2 and "--quality applies only with --transcode" in alone.stderr
     assert run("pack", str(jpeg_root), str(tmp_path / "o"), "--transcode", "64",
                "--quality", "120").returncode == 2
+
+
+@pytest.mark.parametrize("max_side", [None, 64])
+def test_wids_reads_the_packed_shards_by_their_shard_index(jpeg_root, tmp_path, max_side):
+    wids = pytest.importorskip("wids", reason="wids is not installed (pip install wids)")
+    args = ["--transcode", str(max_side)] if max_side else []
+    assert run("pack", str(jpeg_root), str(tmp_path / "out"), "--shard-size", "100KB",
+               *args).returncode == 0
+    ds = wids.ShardListDataset(str(tmp_path / "out" / "shards.json"),
+                               cache_dir=str(tmp_path / "wids-cache"), transformations=[])
+    originals = expected(jpeg_root)
+    assert len(ds) == len(originals)
+    for i in range(len(ds)):
+        sample = ds[i]
+        label, data = int(sample[".cls"].read()), sample[".jpg"].read()
+        assert label == originals[sample["__key__"]][0]
+        with Image.open(io.BytesIO(data)) as img:
+            assert img.size == ((160, 120) if max_side is None else (64, 48))
+        assert max_side is not None or data == originals[sample["__key__"]][1]
