@@ -7,7 +7,11 @@ a short last batch, exact resume; where it would not be exact it keeps the byte 
 from __future__ import annotations
 
 import io
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -135,3 +139,23 @@ def test_a_corrupt_member_read_by_dalis_reader_is_named(photos, tmp_path):
     with pytest.raises(CorruptSampleError, match=key):
         list(loader)
     assert loader.engine.reads.startswith("DALI's webdataset reader")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_torchrun_ranks_read_their_share_through_dalis_reader_exactly(packed, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    script = Path(__file__).parent / "dist_scripts" / "dali_shards_ranks.py"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(script), *packed, "--out", str(tmp_path)],
+        env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for epoch in range(2):
+        parts = [r["epochs"][epoch] for r in ranks]
+        assert not set(parts[0]["keys"]) & set(parts[1]["keys"])
+        assert len(set(parts[0]["keys"]) | set(parts[1]["keys"])) == 40
+        for part in parts:
+            assert part["reads"].startswith("DALI's webdataset reader")
+            assert part["same"] and part["labels"] == part["expected"]
