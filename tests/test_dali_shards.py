@@ -7,11 +7,7 @@ a short last batch, exact resume; where it would not be exact it keeps the byte 
 from __future__ import annotations
 
 import io
-import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +24,7 @@ from fastload.data.pack import pack  # noqa: E402
 from fastload.data.transcode import Transcode  # noqa: E402
 from fastload.testing.synthetic import make_jpeg_folder  # noqa: E402
 from tests.contracts.resume import interrupted, same_batches  # noqa: E402
+from tests.fixtures.launch import torchrun_ranks  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -144,14 +141,8 @@ def test_a_corrupt_member_read_by_dalis_reader_is_named(photos, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_torchrun_ranks_read_their_share_through_dalis_reader_exactly(packed, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     script = Path(__file__).parent / "dist_scripts" / "dali_shards_ranks.py"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(script), *packed, "--out", str(tmp_path)],
-        env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = torchrun_ranks(script, tmp_path, *packed)
     for epoch in range(2):
         parts = [r["epochs"][epoch] for r in ranks]
         assert not set(parts[0]["keys"]) & set(parts[1]["keys"])
