@@ -171,3 +171,12 @@ def test_spawned_workers_open_fastload_urls_registered_in_the_main_process(local
     labels = sorted(torch.cat([y for _, y in loader]).tolist())
     assert labels == sorted(s[1] for s in samples([str(p) for p in local_shards]))
     assert (tmp_path / "cache").is_dir()
+
+
+def test_with_a_gpu_a_pipeline_gets_pinned_memory_and_workers_per_gpu(local_shards):
+    from fastload.settings import Machine, resolve_settings
+
+    settings = resolve_settings(pipeline(local_shards), machine=Machine(cpu_cores=32, gpus=1))
+    assert settings.num_workers.value == 8 and "8 per GPU" in settings.num_workers.reason
+    assert settings.pin_memory.value is True and "CUDA device" in settings.pin_memory.reason
+    assert settings.prefetch_factor.value == 2 and settings.persistent_workers.value is False
