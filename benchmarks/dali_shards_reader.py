@@ -48,18 +48,18 @@ def main() -> None:
     args = parser.parse_args()
     src = make_jpeg_folder(ROOT / ".fastload-data" / f"pack-bench-{args.images}",
                            images=args.images, classes=10, size=(500, 375))
-    work = Path(tempfile.mkdtemp(prefix="fastload-dali-reader-"))
-    tars = [u.removeprefix("file://") for u in pack(str(src), str(work), shard_size=4e6).urls]
-    ds = TarShards(tars, size=args.size, train=True, seed=0)
-    n = len(ds)
-    print(f"{n} JPEGs (500x375) in {len(tars)} local shards, batch {args.batch_size}, "
-          f"RandomResizedCrop {args.size} + flip, storage order, DALI on "
-          f"{'GPU 0' if args.gpu else 'CPU'}")
-    for _ in range(args.repeats):
-        fed_s, fed, _ = epoch(ds, False, args)
-        read_s, read, how = epoch(ds, True, args)
-        print(f"  byte feed {n / fed_s:8.1f} img/s   {how}: {n / read_s:8.1f} img/s   "
-              f"batches identical: {same_batches(fed, read)}")
+    with tempfile.TemporaryDirectory(prefix="fastload-dali-reader-") as work:
+        tars = [u.removeprefix("file://") for u in pack(str(src), work, shard_size=4e6).urls]
+        ds = TarShards(tars, size=args.size, train=True, seed=0)
+        n = len(ds)
+        print(f"{n} JPEGs (500x375) in {len(tars)} local shards, batch {args.batch_size}, "
+              f"RandomResizedCrop {args.size} + flip, storage order, DALI on "
+              f"{'GPU 0' if args.gpu else 'CPU'}")
+        for _ in range(args.repeats):
+            fed_s, fed, _ = epoch(ds, False, args)
+            read_s, read, how = epoch(ds, True, args)
+            print(f"  byte feed {n / fed_s:8.1f} img/s   {how}: {n / read_s:8.1f} img/s   "
+                  f"batches identical: {same_batches(fed, read)}")
 
 
 if __name__ == "__main__":
