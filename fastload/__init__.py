@@ -47,7 +47,9 @@ _LAZY = {
     "Setting": "fastload.settings",
     "StarvationMeter": "fastload.meter",
     "TarShards": "fastload.data.shards",
+    "gopen_urls": "fastload.io.wds",
     "measure": "fastload.meter",
+    "register_gopen": "fastload.io.wds",
 }
 __getattr__, __dir__ = _attach(__name__, _LAZY, globals())
 from fastload.version import __version__
@@ -87,5 +89,7 @@ __all__ = [
     "StorageError",
     "UnreadableSampleError",
     "__version__",
+    "gopen_urls",
     "measure",
+    "register_gopen",
 ]

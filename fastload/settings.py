@@ -56,6 +56,7 @@ import torch
 from torch.utils.data import ChainDataset, ConcatDataset, Dataset, IterableDataset, Subset
 
 from fastload.errors import ConfigError
+from fastload.io.wds import PIPELINE_STATE, pipeline_workers
 
 # Re-exported: `fastload.settings.Machine` (and the two probes) keep working.
 from fastload.machine import Machine, local_world_size, usable_cpu_cores  # noqa: F401
@@ -149,6 +150,9 @@ class WorkerSafety:
     safe: bool
     reason: str
     known: bool = True
+    keeps_state: str | None = None
+    """Why persistent workers could change its samples although workers cannot (None: they
+    cannot): a webdataset pipeline's stages carry state from one epoch to the next."""
 
 
 def worker_safety(dataset: Dataset) -> WorkerSafety:
@@ -159,6 +163,9 @@ def worker_safety(dataset: Dataset) -> WorkerSafety:
         declared = None
     if declared is not None:
         return WorkerSafety(bool(declared), f"{type(dataset).__name__} declares {WORKER_SAFE_ATTR}={bool(declared)}")
+    pipeline = pipeline_workers(dataset)
+    if pipeline is not None:  # NOTE [a webdataset pipeline's settings] in fastload.io.wds
+        return WorkerSafety(pipeline.splits, pipeline.reason, keeps_state=PIPELINE_STATE)
     if isinstance(dataset, Subset):
         return worker_safety(dataset.dataset)
     if isinstance(dataset, (ConcatDataset, ChainDataset)):
@@ -357,6 +364,8 @@ def resolve_settings(
         persist = Setting(chosen[0], chosen[1], "set by the user")
     elif n == 0:
         persist = Setting(False, "auto", "no worker processes")
+    elif safe and safety.keeps_state:
+        persist = Setting(False, "auto", f"torch's default kept: {safety.keeps_state}")
     elif safe:
         persist = Setting(True, "auto", "declared dataset does not change between epochs")
     elif probed and probe is not None and probe.rng:

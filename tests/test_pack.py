@@ -4,8 +4,10 @@ shards on moto's S3 server, packed there."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,7 @@ import fsspec
 import numpy as np
 import pytest
 import webdataset as wds
+from PIL import Image
 
 from fastload import DataLoader, ImageFolder, TarShards
 from fastload.data.pack import pack
@@ -125,3 +128,72 @@ def test_tarshards_on_s3_packed_there_through_the_cache(s3_jpegs, s3_options, s3
     again = TarShards(report.urls, size=32, cache=cache, storage_options=s3_options)
     assert contents(again) == contents(ds)
     assert not s3_server.gets("fastload-test-shards/")  # the index and every member: from the cache
+
+
+@pytest.mark.timeout(300)
+def test_pack_transcode_bakes_small_images_into_readable_shards(jpeg_root, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(jpeg_root, src)
+    first, second = sorted(p.name for p in src.iterdir() if p.is_dir())[:2]
+    small = src / first / "small.png"  # within MAX_SIDE: kept as it is, a PNG
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(small)
+    broken = src / second / "broken.jpg"  # not decodable: packed as it is, with a warning
+    broken.write_bytes(b"\xff\xd8 not a jpeg")
+    dst = tmp_path / "shards"
+    done = run("pack", str(src), str(dst), "--shard-size", "60KB", "--transcode", "64",
+               "--quality", "85")
+    assert done.returncode == 0, done.stderr
+    assert "transcoded 48 samples" in done.stdout and "1 not decodable" in done.stdout
+    assert "broken.jpg" in done.stderr and "shard 1: " in done.stderr
+    tars = sorted(str(p) for p in dst.glob("shard-*.tar"))
+    got = {}
+    for sample in wds.WebDataset(tars, shardshuffle=False, empty_check=False):
+        ext = next(e for e in ("jpg", "png") if e in sample)
+        got[sample["__key__"]] = (int(sample["cls"]), ext, sample[ext])
+    assert len(got) == 50 and got[f"{first}/small"][1:] == ("png", small.read_bytes())
+    assert got[f"{second}/broken"][2] == broken.read_bytes()
+    originals = expected(jpeg_root)
+    for key, (label, ext, data) in got.items():
+        if key in originals:
+            assert label == originals[key][0] and ext == "jpg"
+            with Image.open(io.BytesIO(data)) as img:
+                img.load()  # decodable
+                assert img.format == "JPEG" and img.size == (64, 48)  # 160x120, longer side 64
+    ds = TarShards(tars, size=32, on_error="skip")  # the DALI index files, read by fastload
+    assert len(ds) == 50 and next(ds.read_bytes(i) for i in range(len(ds)) if ds.index.key(i) == f"{first}/small") == small.read_bytes()
+    manifest = json.loads((dst / "shards.json").read_text())
+    assert manifest["fastload"]["plan"]["transcode"] == "transcode:max_side=64:quality=85:v1"
+
+    again = run("pack", str(src), str(dst), "--shard-size", "60KB", "--transcode", "64",
+                "--quality", "85")
+    assert again.returncode == 0 and f"({len(tars)} from an earlier run)" in again.stdout
+    other = run("pack", str(src), str(dst), "--shard-size", "60KB", "--transcode", "32", "--json")
+    assert other.returncode == 0 and json.loads(other.stdout)["resumed_from"] == 0  # another plan
+
+
+def test_pack_transcode_bad_values_exit_2(jpeg_root, tmp_path):
+    zero = run("pack", str(jpeg_root), str(tmp_path / "o"), "--transcode", "0")
+    assert zero.returncode == 2 and "max_side" in zero.stderr
+    alone = run("pack", str(jpeg_root), str(tmp_path / "o"), "--quality", "80")
+    assert alone.returncode == 2 and "--quality applies only with --transcode" in alone.stderr
+    assert run("pack", str(jpeg_root), str(tmp_path / "o"), "--transcode", "64",
+               "--quality", "120").returncode == 2
+
+
+@pytest.mark.parametrize("max_side", [None, 64])
+def test_wids_reads_the_packed_shards_by_their_shard_index(jpeg_root, tmp_path, max_side):
+    wids = pytest.importorskip("wids", reason="wids is not installed (pip install wids)")
+    args = ["--transcode", str(max_side)] if max_side else []
+    assert run("pack", str(jpeg_root), str(tmp_path / "out"), "--shard-size", "100KB",
+               *args).returncode == 0
+    ds = wids.ShardListDataset(str(tmp_path / "out" / "shards.json"),
+                               cache_dir=str(tmp_path / "wids-cache"), transformations=[])
+    originals = expected(jpeg_root)
+    assert len(ds) == len(originals)
+    for i in range(len(ds)):
+        sample = ds[i]
+        label, data = int(sample[".cls"].read()), sample[".jpg"].read()
+        assert label == originals[sample["__key__"]][0]
+        with Image.open(io.BytesIO(data)) as img:
+            assert img.size == ((160, 120) if max_side is None else (64, 48))
+        assert max_side is not None or data == originals[sample["__key__"]][1]

@@ -9,12 +9,15 @@ Example::
 
     fastload pack s3://bucket/train s3://bucket/train-shards --shard-size 256MB
     fastload pack files.txt /data/shards        # lines of "PATH LABEL"
+    fastload pack /data/train /data/shards-256 --transcode 256   # longer sides <= 256 px
 """
 
 from __future__ import annotations
 
 import json
 import os
+from typing import Any
+
 import click
 
 from fastload.cli.options import storage_options
@@ -51,9 +54,15 @@ def _source(src: str) -> str | list[tuple[str, int]]:
               help="fsspec option for SRC (repeatable; JSON values are parsed).")
 @click.option("--dst-option", "dst_options", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for DST (repeatable).")
+@click.option("--transcode", "max_side", type=int, default=None, metavar="MAX_SIDE",
+              help="Re-encode each image whose longer side is over MAX_SIDE pixels as a JPEG "
+                   "with that longer side (the transcoded cache tier's re-encoding).")
+@click.option("--quality", type=int, default=None,
+              help="JPEG quality of --transcode's re-encoding (1..95; default 90).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def pack(src: str, dst: str, shard_size: str, prefix: str, src_options: tuple[str, ...],
-         dst_options: tuple[str, ...], as_json: bool) -> None:
+         dst_options: tuple[str, ...], max_side: int | None, quality: int | None,
+         as_json: bool) -> None:
     """Pack the images of SRC (a class-per-folder root, any fsspec URL, or a file of 'PATH
     LABEL' lines) into WebDataset tar shards in DST, readable by webdataset unchanged.
 
@@ -68,6 +77,7 @@ def pack(src: str, dst: str, shard_size: str, prefix: str, src_options: tuple[st
         size = parse_size(shard_size, name="--shard-size")
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--shard-size") from exc
+    transcode = _transcode(max_side, quality)
 
     def progress(report: PackReport, total: int) -> None:
         click.echo(f"shard {report.shards}: {report.samples}/{total} samples "
@@ -80,7 +90,7 @@ def pack(src: str, dst: str, shard_size: str, prefix: str, src_options: tuple[st
     try:
         report = pack_images(source, dst, shard_size=size, prefix=prefix,
                              dst_options=storage_options(dst_options, "--dst-option"),
-                             progress=progress)
+                             progress=progress, transcode=transcode)
     except (SampleError, StorageError) as exc:
         click.echo(f"fastload: error: {exc}", err=True)
         click.echo("run the same command again to continue after the last finished shard", err=True)
@@ -91,3 +101,22 @@ def pack(src: str, dst: str, shard_size: str, prefix: str, src_options: tuple[st
         resumed = f" ({report.resumed_from} from an earlier run)" if report.resumed_from else ""
         click.echo(f"{dst}: {report.shards} shards{resumed}, {report.samples} samples, "
                    f"{report.bytes / 1e6:.1f} MB")
+        if transcode is not None:
+            click.echo(f"transcoded {report.transcoded} samples written now to a longer side "
+                       f"<= {transcode.max_side} px (the others were within it); "
+                       f"{len(report.not_decodable)} not decodable, packed as they are")
+
+
+def _transcode(max_side: int | None, quality: int | None) -> Any:
+    """--transcode/--quality as a Transcode (None without --transcode); bad values exit 2."""
+    if max_side is None:
+        if quality is not None:
+            raise click.BadParameter("--quality applies only with --transcode MAX_SIDE",
+                                     param_hint="--quality")
+        return None
+    from fastload.data.transcode import Transcode
+
+    try:
+        return Transcode(max_side, quality) if quality is not None else Transcode(max_side)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--transcode/--quality") from exc

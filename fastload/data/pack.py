@@ -5,9 +5,13 @@ NOTE [what pack writes]
 ``dst/<prefix>-000000.tar``, ``-000001.tar``, ... of about ``shard_size`` bytes each. Each
 sample is two members that share its key (its path below the root, without the extension,
 as webdataset expects): ``<key>.<ext>`` with the file's bytes unchanged, and ``<key>.cls``
-with its label as decimal text. The tars are plain POSIX (pax) tar files, as webdataset's
+with its label as decimal text. With ``transcode`` (a :class:`~fastload.data.transcode.Transcode`,
+the transcoded cache tier's re-encoding) an image whose longer side is over ``max_side`` is
+written re-encoded instead, as ``<key>.jpg`` (it is a JPEG then); smaller ones keep their
+bytes and extension, and one that does not decode keeps its bytes (logged, counted in the
+report: it fails in the pipeline as it would unpacked). The tars are plain POSIX (pax) tar files, as webdataset's
 own ``TarWriter`` makes them. Beside each shard is its DALI index (``x.idx``, ``wds2idx``'s
-v1.2 format, for DALI's reader's ``index_paths``, not yet tested with it;
+v1.2 format, for DALI's reader's ``index_paths``: tests/test_dali_shards.py reads with it;
 :class:`~fastload.TarShards` then reads no headers), and in ``dst`` a ``shards.json`` in
 wids' shard-index format (``__kind__: wids-shard-index-v1``, ``shardlist`` of
 ``url``/``nsamples``) with fastload's own fields under ``"fastload"``: the classes, the
@@ -42,6 +46,7 @@ import fsspec
 
 from fastload.data.images import ImageFolder
 from fastload.data.tarfiles import index_url_of, write_dali_index
+from fastload.data.transcode import Transcode
 from fastload.errors import ConfigError
 from fastload.io.errors import storage_errors
 from fastload.io.origin import with_timeouts
@@ -67,6 +72,19 @@ class PackReport:
     written_shards: int = 0
     resumed_from: int = 0
     urls: list[str] = field(default_factory=list)
+    transcoded: int = 0
+    """Samples written now re-encoded (``transcode``; the others were within ``max_side``)."""
+    not_decodable: list[str] = field(default_factory=list)
+    """Files written now as they are because ``transcode`` could not decode them."""
+
+
+@dataclass(frozen=True)
+class _Sample:
+    index: int
+    data: bytes
+    ext: str | None = None
+    """The extension its bytes now have (``jpg`` when re-encoded); None: the file's own."""
+    failed: str | None = None
 
 
 def _fits(offset: int, size: int, shard_size: float) -> bool:
@@ -96,11 +114,22 @@ def _key_of(source: ImageFolder, i: int) -> tuple[str, str]:
     return key, (ext.lower() if dot else "jpg")
 
 
-def _read_ahead(source: ImageFolder, indices: range) -> Iterator[tuple[int, bytes]]:
+def _read_ahead(source: ImageFolder, indices: range, transcode: Transcode | None) -> Iterator[_Sample]:
+    def read(i: int) -> _Sample:
+        data = source.read_bytes(i)
+        if transcode is None:
+            return _Sample(i, data)
+        try:
+            small = transcode(data)
+        except ValueError as exc:  # not a decodable image: packed as it is
+            return _Sample(i, data, failed=f"{source.index.path(i)}: {exc}")
+        return _Sample(i, data) if small is data else _Sample(i, small, "jpg")
+
+    # The pool reads (and re-encodes: Pillow releases the GIL while it decodes, resizes and
+    # encodes) ahead of the writer, in the source's order.
     with ThreadPoolExecutor(16, thread_name_prefix="fastload-pack") as pool:
         for start in range(indices.start, indices.stop, READ_AHEAD):
-            chunk = range(start, min(start + READ_AHEAD, indices.stop))
-            yield from zip(chunk, pool.map(source.read_bytes, chunk))
+            yield from pool.map(read, range(start, min(start + READ_AHEAD, indices.stop)))
 
 
 def _load_manifest(fs: Any, path: str) -> dict[str, Any] | None:
@@ -135,11 +164,13 @@ def pack(
     storage_options: dict[str, Any] | None = None,
     dst_options: dict[str, Any] | None = None,
     progress: Callable[[PackReport, int], None] | None = None,
+    transcode: Transcode | None = None,
 ) -> PackReport:
     """Pack ``src`` (an ImageFolder, its root URL or a ``(path, label)`` list) into ``dst``.
 
     See NOTE [what pack writes]. ``progress(report, total_samples)`` is called after each
-    shard. Raises a :class:`~fastload.errors.StorageError` (or a sample error naming the file)
+    shard. ``transcode=Transcode(max_side=256)`` bakes the transcoded tier's re-encoding into
+    the shards (images' longer side at most 256 pixels). Raises a :class:`~fastload.errors.StorageError` (or a sample error naming the file)
     when a read or a write fails; what was finished stays and a rerun continues from it.
     """
     if shard_size < 4096:
@@ -155,22 +186,30 @@ def pack(
         fs.makedirs(root, exist_ok=True)
     plan = {"source": source.root if source.index.prefix else f"a list of {len(source)} files",
             "samples": len(source), "shard_size": int(shard_size), "prefix": prefix}
+    if transcode is not None:  # a key only then: earlier plans (and their resume) still match
+        plan["transcode"] = transcode.tag
     _check_keys([_key_of(source, i)[0] for i in range(len(source))], plan["source"])
     done = _done_shards(fs, root, _load_manifest(fs, f"{root}/{MANIFEST}"), plan)
     report = PackReport(dst, resumed_from=len(done))
     start = done[-1]["stop"] if done else 0
     shards = list(done)
-    samples = _read_ahead(source, range(start, len(source)))
+    samples = _read_ahead(source, range(start, len(source)), transcode)
     pending = next(samples, None)
     while pending is not None:
         name = f"{prefix}-{len(shards):06d}.tar"
         buffer, rows = io.BytesIO(), []
-        first = pending[0]
+        first = pending.index
         with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
             while pending is not None and (
-                    not rows or _fits(tar.offset, len(pending[1]), shard_size)):
-                i, data = pending
+                    not rows or _fits(tar.offset, len(pending.data), shard_size)):
+                i, data = pending.index, pending.data
                 key, ext = _key_of(source, i)
+                ext = pending.ext or ext
+                report.transcoded += pending.ext is not None
+                if pending.failed is not None:
+                    report.not_decodable.append(pending.failed)
+                    logger.warning("packed %s as it is: --transcode cannot decode it",
+                                   pending.failed)
                 label = str(source.index.label(i)).encode()
                 members = [(ext, _member(tar, f"{key}.{ext}", data), len(data), f"{key}.{ext}")]
                 members.append(("cls", _member(tar, f"{key}.cls", label), len(label), f"{key}.cls"))

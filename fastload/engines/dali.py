@@ -26,9 +26,12 @@ output size and flip the torch engine computes. The DALI graph then does the pix
       -> crop_mirror_normalize  flip, layout CHW/HWC, uint8 or normalized float32
 
 So labels, order, crops and flips are identical between engines and only resampling differs
-(see docs/dali.md for the measured difference). DALI's own file reader is not used: the plan
-needs each file's header and seed in Python anyway, so reading the bytes there once is
-cheaper than letting DALI read every file a second time, and it keeps the cache in the path.
+(see docs/dali.md for the measured difference). DALI's own file reader is not used for
+files: the plan needs each file's header and seed in Python anyway, so reading the bytes there
+once is cheaper than letting DALI read every file a second time, and it keeps the cache in
+the path. Local tar shards are the exception (NOTE [DALI's reader, exactly] in
+:mod:`fastload.engines.dali_reader`): there DALI's webdataset reader reads the members in
+the loader's exact order while the read threads read only each member's header for the plan.
 
 NOTE [finding the bad file]
 DALI reports a failed decode as one generic ``RuntimeError`` for the whole batch and its
@@ -59,6 +62,13 @@ from fastload.data.declared import DeclaredImages
 from fastload.data.sample_errors import DECODE_ERRORS
 from fastload.engines.base import Engine, EngineContext
 from fastload.engines.dali_feed import Feed, Reader
+from fastload.engines.dali_reader import (
+    MEMBER_EXT,
+    ReaderFiles,
+    prepare_plan,
+    reader_files,
+    sample_bytes,
+)
 from fastload.engines.registry import gpu_decoding
 from fastload.errors import BackendError
 
@@ -71,8 +81,12 @@ _TORCH_DTYPES = {types.UINT8: torch.uint8, types.FLOAT: torch.float32}
 
 
 def graph(dataset: DeclaredImages, feed: Feed, *, batch_size: int, num_threads: int,
-           device_id: int | None) -> Pipeline:
-    """The DALI pipeline of ``dataset.pipeline``: decode the box, resize, flip, layout, dtype."""
+           device_id: int | None, files: ReaderFiles | None = None) -> Pipeline:
+    """The DALI pipeline of ``dataset.pipeline``: decode the box, resize, flip, layout, dtype.
+
+    ``files``: the bytes come from DALI's webdataset reader (NOTE [DALI's reader, exactly])
+    and ``feed`` gives the plans only; else ``feed`` gives bytes and plans. Everything after
+    the read is the same graph, on the CPU or the GPU."""
     pipe = Pipeline(
         batch_size=batch_size,
         num_threads=num_threads,
@@ -81,10 +95,19 @@ def graph(dataset: DeclaredImages, feed: Feed, *, batch_size: int, num_threads: 
     )
     norm = dataset.pipeline.normalize
     with pipe:
-        data, anchor, shape, roi_start, roi_end, size, flip = fn.external_source(
-            source=feed, num_outputs=7, batch=True,
-            dtype=[types.UINT8] + [types.FLOAT] * 5 + [types.INT32],
-        )
+        if files is None:
+            data, anchor, shape, roi_start, roi_end, size, flip = fn.external_source(
+                source=feed, num_outputs=7, batch=True,
+                dtype=[types.UINT8] + [types.FLOAT] * 5 + [types.INT32],
+            )
+        else:
+            data = fn.readers.webdataset(
+                paths=files.paths, index_paths=files.index_paths, ext=[MEMBER_EXT],
+                random_shuffle=False, missing_component_behavior="error",
+            )
+            anchor, shape, roi_start, roi_end, size, flip = fn.external_source(
+                source=feed, num_outputs=6, batch=True, dtype=[types.FLOAT] * 5 + [types.INT32],
+            )
         images = fn.decoders.image_slice(
             data, anchor, shape,
             device="mixed" if device_id is not None else "cpu",
@@ -123,6 +146,8 @@ class DaliEngine(Engine):
         device: where batches go (None: host memory, like torch).
         num_threads: DALI's CPU threads.
         pin_memory: put host batches in pinned memory.
+        shard_reader: let DALI's webdataset reader read local tar shards where that is
+            exact (NOTE [DALI's reader, exactly]); False: always the byte feed.
 
     Example::
 
@@ -148,8 +173,12 @@ class DaliEngine(Engine):
         device: torch.device | None,
         num_threads: int = 1,
         pin_memory: bool = False,
+        shard_reader: bool = True,
     ) -> None:
         self.dataset = dataset
+        self.shard_reader = shard_reader
+        self.reads = "byte feed"
+        """How the last epoch's bytes reach DALI, and why (NOTE [DALI's reader, exactly])."""
         self.batch_sampler = batch_sampler
         self.batch_size = batch_size
         self.device = device
@@ -182,9 +211,9 @@ class DaliEngine(Engine):
             self._current.close()
             self._current = None
 
-    def _build(self, feed: Feed, batch_size: int) -> Pipeline:
+    def _build(self, feed: Feed, batch_size: int, files: ReaderFiles | None) -> Pipeline:
         return graph(self.dataset, feed, batch_size=batch_size, num_threads=self.num_threads,
-                      device_id=self.device_id)
+                     device_id=self.device_id, files=files)
 
     def _to_torch(self, images: Any) -> torch.Tensor:
         """Copy DALI's output batch into a new torch tensor on the loader's device."""
@@ -220,8 +249,16 @@ class DaliEpoch(Iterator[batchinfo.Envelope]):
         if self._batch_size is None:  # a user batch sampler: its largest batch sizes DALI
             batches = list(batches)
             self._batch_size = max((len(b) for b in batches), default=1)
-        self._reader = Reader(engine.dataset, batches, ahead=PIPELINE_DEPTH + 1)
-        self._feed = Feed(self._reader)
+        self._files: ReaderFiles | None = None
+        if engine.shard_reader:
+            self._files, batches, engine.reads = reader_files(engine.dataset, batches, engine.batch_size)
+        if self._files is None:
+            self._reader = Reader(engine.dataset, batches, ahead=PIPELINE_DEPTH + 1)
+            self._feed = Feed(self._reader)
+        else:
+            self._reader = Reader(engine.dataset, batches, ahead=PIPELINE_DEPTH + 1,
+                                  prepare=prepare_plan)
+            self._feed = Feed(self._reader, plans_only=self._batch_size)
         self._pipe: Pipeline | None = None
         self._gen = self._run()
 
@@ -242,7 +279,7 @@ class DaliEpoch(Iterator[batchinfo.Envelope]):
         self._gen.close()
 
     def _start(self) -> None:
-        self._pipe = self._engine._build(self._feed, self._batch_size or 1)
+        self._pipe = self._engine._build(self._feed, self._batch_size or 1, self._files)
         self._pipe.schedule_run()  # pulls the first PIPELINE_DEPTH batches from the feed
 
     def _run(self) -> Iterator[batchinfo.Envelope]:
@@ -274,8 +311,11 @@ class DaliEpoch(Iterator[batchinfo.Envelope]):
                 waited = time.perf_counter() - start
                 slot = feed.pending.popleft()
                 converted = time.perf_counter()
+                images = self._engine._to_torch(images)
+                if len(images) > len(slot.samples):  # the reader's padded last batch
+                    images = images[: len(slot.samples)]
                 batch = [
-                    self._engine._to_torch(images),
+                    images,
                     self._engine.dataset.batch_targets([s.index for s in slot.samples]),
                 ]
                 slot.info.decode_s = waited
@@ -285,6 +325,8 @@ class DaliEpoch(Iterator[batchinfo.Envelope]):
         finally:
             self._pipe = None
             self._reader.close()
+            if self._files is not None:
+                self._files.remove()
 
     def _recover(self, exc: RuntimeError) -> None:
         """DALI failed on a batch in flight: find the corrupt samples with Pillow, then
@@ -297,7 +339,7 @@ class DaliEpoch(Iterator[batchinfo.Envelope]):
                 continue
             kept = []
             for sample in slot.samples:
-                problem = _pillow_decode_error(sample.data)
+                problem = _pillow_decode_error(sample_bytes(dataset, sample))
                 if problem is None:
                     kept.append(sample)
                     continue

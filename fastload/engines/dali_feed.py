@@ -22,7 +22,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from multiprocessing.pool import AsyncResult, ThreadPool
 
@@ -31,8 +31,8 @@ from PIL import Image
 
 from fastload.data import batchinfo
 from fastload.data.declared import DeclaredImages
-from fastload.data.sample_errors import DECODE_ERRORS
 from fastload.data.pipeline import Plan
+from fastload.data.sample_errors import DECODE_ERRORS
 from fastload.errors import SampleError
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class Sample:
 
     index: int
     label: int
-    data: np.ndarray  # encoded bytes, uint8
+    data: np.ndarray | None  # encoded bytes, uint8; None when DALI's reader reads them
     plan: Plan
     width: int
     height: int
@@ -86,10 +86,15 @@ def prepare(dataset: DeclaredImages, index: int) -> Sample:
 
 
 class Reader:
-    """Reads and plans the sampler's batches a few batches ahead, on a thread pool."""
+    """Reads and plans the sampler's batches a few batches ahead, on a thread pool.
 
-    def __init__(self, dataset: DeclaredImages, batches: Iterable[list[int]], ahead: int) -> None:
+    ``prepare``: what a read thread does for one sample (:func:`prepare`: bytes and plan; the
+    plan alone where DALI's reader reads the bytes, NOTE [DALI's reader, exactly])."""
+
+    def __init__(self, dataset: DeclaredImages, batches: Iterable[list[int]], ahead: int,
+                 prepare: Callable[[DeclaredImages, int], Sample] = prepare) -> None:
         self._dataset = dataset
+        self._prepare = prepare
         self._batches = iter(batches)
         self._ahead = ahead
         self._pool = ThreadPool(READ_THREADS)
@@ -104,7 +109,7 @@ class Reader:
                 self._exhausted = True
                 return
             self._queue.append(
-                [(i, self._pool.apply_async(prepare, (self._dataset, i))) for i in batch]
+                [(i, self._pool.apply_async(self._prepare, (self._dataset, i))) for i in batch]
             )
 
     def next_slot(self) -> Slot | None:
@@ -143,8 +148,11 @@ class Feed:
     outputs come back in the order of the fed ones.
     """
 
-    def __init__(self, reader: Reader) -> None:
+    def __init__(self, reader: Reader, plans_only: int | None = None) -> None:
+        """``plans_only``: DALI's reader reads the bytes; hand it the plans of batches of
+        this size (a short batch padded with its last sample's plan)."""
         self._reader = reader
+        self._plans_only = plans_only
         self.pending: deque[Slot] = deque()
         self._replay: deque[Slot] = deque()
         self.done = False
@@ -165,6 +173,9 @@ class Feed:
                 self.done = True
                 raise StopIteration
             self.pending.append(slot)
+            if slot.fed and self._plans_only is not None:
+                samples = slot.samples
+                return columns(samples + [samples[-1]] * (self._plans_only - len(samples)))[1:]
             if slot.fed:
                 return columns(slot.samples)
 

@@ -79,11 +79,14 @@ def retune(loader: DataLoader) -> bool:
     loader.num_workers = Chosen(chosen.value)  # NOTE [a rebuilt loader stays auto]
     loader.settings = replace(loader.settings, num_workers=chosen)
     # The workers' counters are sized per worker: the new count gets new ones, around the
-    # user's own worker_init_fn (NOTE [what a rebuild copies]: fastload's parts, not the
-    # loader's public attribute).
+    # init the old ones wrapped: the user's own worker_init_fn, or fastload's around it (a
+    # webdataset pipeline's gopen handlers, NOTE [registering with webdataset] in
+    # fastload.io.wds). NOTE [what a rebuild copies]: fastload's parts, not the loader's
+    # public attribute.
     parts = loader.worker_parts
+    inner = getattr(parts.worker_init_fn, "user_fn", loader.worker_init_fn)
     parts.worker_init_fn = StarvationMeter.worker_init(
-        loader.worker_init_fn, chosen.value, meter, in_order=loader.in_order
+        inner, chosen.value, meter, in_order=loader.in_order
     )
     meter.watch_workers(parts.worker_init_fn)
     meter.num_workers = chosen.value

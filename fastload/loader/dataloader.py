@@ -40,6 +40,7 @@ from fastload.device import resolve_device
 from fastload.engines import Backend, Engine, WorkerParts, choose_backend
 from fastload.engines.probe import ProbeEngine
 from fastload.engines.threads import ThreadEngine
+from fastload.io import wds
 from fastload.loader import assembly, autotune, first_epoch, resume
 from fastload.loader.iterator import epoch_iterator
 from fastload.loader.plan import epoch_plan
@@ -126,6 +127,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         backend: Backend = "auto",
     ) -> None:
         target = resolve_device(device)
+        # webdataset pipelines: fastload:: URLs open here and in the workers; no shuffle/sampler
+        worker_init = wds.prepare_loader(dataset, shuffle=shuffle, sampler=sampler,
+                                         worker_init_fn=worker_init_fn)
         batched = batch_size is not None or batch_sampler is not None
         if collate_fn is (default_collate if batched else default_convert):
             collate_fn = None  # torch's default, as a rebuild reads it back: not a custom one
@@ -177,7 +181,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 in_order=in_order,
             )
         parts = WorkerParts(collate, StarvationMeter.worker_init(
-            worker_init_fn, workers, meter if meter is not None else False, in_order=in_order,
+            worker_init, workers, meter if meter is not None else False, in_order=in_order,
             samples=kept,
         ))
         # fastload's own attributes are set past torch's __setattr__ (NOTE [attributes a
@@ -186,6 +190,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self, _settings=settings, device=target, skipped=[], _plan=plan, _parts=parts,
             _stage_dataset=staged, state=LoaderState(owns_sampler=plan.owned),
             _declared=declared, _feeder=feeder, _choice=choice, _meter_asked=meter,
+            _worker_init=worker_init,
             _asked=dict(num_workers=num_workers, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
                         persistent_workers=persistent_workers, device=target, batch_size=batch_size,
                         multiprocessing_context=multiprocessing_context),
@@ -235,7 +240,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
               pin_memory=settings.pin_memory.value, persistent_workers=settings.persistent_workers.value,
               _kept=None)
         self._parts.worker_init_fn = StarvationMeter.worker_init(
-            self.worker_init_fn, workers, self._meter_asked if self._meter_asked is not None else False,
+            self._worker_init, workers, self._meter_asked if self._meter_asked is not None else False,
             in_order=self.in_order,
         )
         runs = assembly.engine_plan(self._plan, self)

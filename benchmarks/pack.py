@@ -1,0 +1,79 @@
+"""``fastload pack`` rates: copy-through vs ``--transcode`` on the same JPEGs, local disk.
+
+The synthetic ImageNet-like JPEG set (500x375, made once under .fastload-data) is packed into
+shards of --shard-size by ``fastload.data.pack.pack``, once copying the bytes through and
+once per --transcode value (the transcoded tier's re-encoding baked in). Beside them, the
+storage's own write bandwidth: the same number of bytes written to the same directory in
+one file (what copy-through is measured against: issue 23 asks for at least that).
+Rows: images/s, MB/s read from the source, MB/s written, output bytes per image.
+
+    python benchmarks/pack.py                              # 256 images, --transcode 256
+    python benchmarks/pack.py --images 2000 --transcode 256 160
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fastload.data.pack import pack  # noqa: E402
+from fastload.data.transcode import Transcode  # noqa: E402
+from fastload.testing.synthetic import make_jpeg_folder  # noqa: E402
+
+
+def write_bandwidth(where: Path, nbytes: int) -> float:
+    """MB/s of one file of ``nbytes`` written (and fsynced) in 4 MiB writes into ``where``."""
+    block = os.urandom(4 << 20)
+    path = where / "bandwidth.bin"
+    start = time.perf_counter()
+    with open(path, "wb") as f:
+        for offset in range(0, nbytes, len(block)):
+            f.write(block[: min(len(block), nbytes - offset)])
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - start
+    path.unlink()
+    return nbytes / seconds / 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=256)
+    parser.add_argument("--shard-size", type=float, default=16e6, help="bytes")
+    parser.add_argument("--transcode", type=int, nargs="*", default=[256], metavar="MAX_SIDE")
+    args = parser.parse_args()
+    src = make_jpeg_folder(ROOT / ".fastload-data" / f"pack-bench-{args.images}",
+                           images=args.images, classes=10, size=(500, 375))
+    source_bytes = sum(p.stat().st_size for p in src.rglob("*.jpg"))
+    work = Path(tempfile.mkdtemp(prefix="fastload-pack-bench-"))
+    try:
+        print(f"fastload pack of {args.images} JPEGs (500x375, {source_bytes / 1e6:.1f} MB), "
+              f"shards of {args.shard_size / 1e6:g} MB, local disk ({os.cpu_count()} CPUs)")
+        print(f"  storage write bandwidth: {write_bandwidth(work, source_bytes):8.1f} MB/s")
+        for max_side in [None, *args.transcode]:
+            dst = work / f"out-{max_side}"
+            transcode = Transcode(max_side) if max_side else None
+            start = time.perf_counter()
+            report = pack(str(src), str(dst), shard_size=args.shard_size, transcode=transcode)
+            seconds = time.perf_counter() - start
+            name = "copy-through" if max_side is None else f"--transcode {max_side}"
+            print(f"  {name:16s} {report.samples / seconds:8.1f} images/s  "
+                  f"read {source_bytes / seconds / 1e6:7.1f} MB/s  "
+                  f"wrote {report.bytes / seconds / 1e6:7.1f} MB/s  "
+                  f"{report.bytes / report.samples / 1e3:6.1f} KB/image  "
+                  f"({report.transcoded} re-encoded)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
