@@ -259,6 +259,34 @@ def test_timm_randaugment_draws_and_renders_as_timm(config):
         assert np.array_equal(got, expected) if not isinstance(expected, str) else got == expected
 
 @pytest.mark.timeout(300)
+def test_timm_randaugment_per_sample_draws_have_timms_distribution():
+    """``apply`` picks timm's ops from the sample's own ``random.Random`` (not a numpy
+    RandomState): over 400 seeds each, the outputs' summaries are distributed as timm's own
+    (KS below the 0.1% critical value), and the same generator seed gives the same image."""
+    auto_augment = pytest.importorskip("timm.data.auto_augment")
+    step = auto_augment.rand_augment_transform("rand-m9-mstd0.5", {"img_mean": (124, 116, 104)})
+    augment, why = compile_augment(step)
+    assert augment is not None, why
+    pil, n = Image.fromarray(IMAGE.permute(1, 2, 0).numpy()), 400
+
+    def summary(out: Image.Image) -> list[float]:
+        pixels = np.asarray(out).astype(np.float64)
+        return [*pixels.mean(axis=(0, 1)).tolist(), float((pixels != np.asarray(pil)).mean())]
+
+    mine = np.array([summary(augment.apply(pil, torch.Generator().manual_seed(s))) for s in range(n)])
+    theirs = []
+    for s in range(n):
+        random.seed(10**6 + s)
+        np.random.seed(10**6 + s)
+        theirs.append(summary(step(pil)))
+    critical = 1.95 * math.sqrt(2 / n)
+    for column in range(mine.shape[1]):
+        assert ks_statistic(mine[:, column].tolist(), np.array(theirs)[:, column].tolist()) < critical, column
+    again = augment.apply(pil, torch.Generator().manual_seed(3))
+    assert np.array_equal(np.asarray(again), np.asarray(augment.apply(pil, torch.Generator().manual_seed(3))))
+
+
+@pytest.mark.timeout(300)
 def test_batch_level_mixup_and_cutmix_on_fastload_batches(jpeg_root):
     """v2.MixUp / v2.CutMix and timm's Mixup take fastload's (images, labels) batches as they
     take torch's: on the CPU, and with device= on the device after the copy (examples/mixup.py)."""
