@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -28,17 +29,20 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 _STOP = None  # the queue item that ends a thread
 _Task = tuple[Future[Any], Callable[..., Any], tuple]
 
 
 class DaemonPool:
-    """Up to ``threads`` daemon threads, started as tasks arrive, named ``name-N``."""
+    """Up to ``threads`` daemon threads, started as tasks arrive, named ``name-N``; each
+    calls ``initializer()`` (if given) before its first task."""
 
-    def __init__(self, threads: int, name: str) -> None:
+    def __init__(self, threads: int, name: str, initializer: Callable[[], None] | None = None) -> None:
         self.max_threads = max(1, int(threads))
         self.name = name
+        self._initializer = initializer
         self._queue: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -54,7 +58,7 @@ class DaemonPool:
                 raise RuntimeError(f"the {self.name} pool is shut down")
             self._queue.put((future, fn, args))
             if len(self._threads) < self.max_threads:
-                thread = threading.Thread(target=_work, args=(self._queue,), daemon=True,
+                thread = threading.Thread(target=_work, args=(self._queue, self._initializer), daemon=True,
                                           name=f"{self.name}-{len(self._threads)}")
                 thread.start()
                 self._threads.append(thread)
@@ -81,9 +85,14 @@ class DaemonPool:
         return [t for t in threads if t.is_alive()]
 
 
-def _work(tasks: queue.SimpleQueue[_Task | None]) -> None:
+def _work(tasks: queue.SimpleQueue[_Task | None], initializer: Callable[[], None] | None) -> None:
     """A pool thread: runs tasks until a stop. Holds nothing of a task while it waits for
     the next (a result may lead back to the pool, which would then never be collected)."""
+    if initializer is not None:
+        try:
+            initializer()
+        except Exception:  # a set-up that failed must not leave tasks unrun
+            logger.warning("%s: its initializer failed", threading.current_thread().name, exc_info=True)
     while True:
         item = tasks.get()
         if item is _STOP:

@@ -60,6 +60,8 @@ from fastload.data.sample_errors import DECODE_ERRORS
 from fastload.data.render import Renderer
 from fastload.engines.base import Engine, EngineContext
 from fastload.engines.daemon_pool import DaemonPool
+from fastload.engines.intraop import one_intraop_thread
+from fastload.engines.thread_batch import CHUNK, Batch, place
 from fastload.errors import SampleError
 
 logger = logging.getLogger(__name__)
@@ -73,9 +75,6 @@ a third of the throughput on small images here: 2,076-2,392 img/s with 2, 1,700-
 AHEAD = 2
 """Batches read and decoded ahead of the one the loop is consuming."""
 
-CHUNK = 8
-"""Samples per read task and per pixel task: few enough tasks that queueing them costs
-little, enough of them that the threads share a batch evenly."""
 
 PROBE_SAMPLES = 8
 """JPEGs of the first batch the decoders are measured on, before the epoch decodes them."""
@@ -151,7 +150,7 @@ class ThreadEngine(Engine):
             reads = None
             if not self.dataset.reads_local_files:
                 reads = DaemonPool(READ_THREADS, "fastload-read")
-            self._pools = (reads, DaemonPool(self.threads, "fastload-pixels"))
+            self._pools = (reads, DaemonPool(self.threads, "fastload-pixels", initializer=one_intraop_thread))
         return self._pools
 
     def epoch(self) -> ThreadEpoch:
@@ -198,22 +197,6 @@ class ThreadEngine(Engine):
                     len(left), ", ".join(t.name for t in left))
 
 
-class _Batch:
-    """One batch in flight: its slots, and a read and a pixel task per chunk of samples.
-
-    A task's result holds one entry per sample of its chunk: the bytes (reads) or the seconds
-    spent (pixels), or the exception that sample raised, so one bad file fails only itself.
-    """
-
-    def __init__(self, indices: list[int], images: torch.Tensor) -> None:
-        self.indices = indices
-        self.images = images
-        self.chunks = [(a, min(a + CHUNK, len(indices))) for a in range(0, len(indices), CHUNK)]
-        self.finished: list[Any] = [None] * len(indices)  # the transform's rest's outputs, if any
-        self.reads: list[Future[list[tuple[Any, float]]]] | None = None  # None: read by pixels
-        self.pixels: list[Future[list[tuple[BaseException | None, float, float]]]] = []
-
-
 class ThreadEpoch(Iterator[batchinfo.Envelope]):
     """One epoch on threads: envelopes in sampler order; ``len()`` is the batch count."""
 
@@ -222,13 +205,13 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
         self._dataset = engine.dataset
         self._batches = iter(engine.batch_sampler)
         self._len = len(engine.batch_sampler)  # type: ignore[arg-type]
-        self._inflight: deque[_Batch] = deque()
+        self._inflight: deque[Batch] = deque()
         self._closed = False
         self._exhausted = False
         self._timeout = engine.timeout
         self._served = 0  # batches handed out
         self._choice: Future[None] | None = None  # the first batch's decoder measurement
-        self._collecting: _Batch | None = None  # the batch __next__ waits for
+        self._collecting: Batch | None = None  # the batch __next__ waits for
         pipeline = self._dataset.pipeline
         size = pipeline.output_size
         assert size is not None, "the registry's blocker admits only pipelines that end in a crop"
@@ -253,7 +236,7 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
             reads, pixels = self._engine.pools()
             images = torch.empty((len(indices), *self._shape), dtype=torch.uint8,
                                  pin_memory=self._engine.pin_memory)
-            batch = _Batch(indices, images)
+            batch = Batch(indices, images)
             if reads is not None:
                 batch.reads = [reads.submit(self._read, indices[a:b]) for a, b in batch.chunks]
             if self._engine.renderer is None and self._choice is None:
@@ -264,7 +247,7 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
             batch.pixels = [pixels.submit(self._pixels, batch, c) for c in range(len(batch.chunks))]
             self._inflight.append(batch)
 
-    def _choose(self, batch: _Batch) -> None:
+    def _choose(self, batch: Batch) -> None:
         """Measure the decoders on the first batch's readable bytes (at most PROBE_SAMPLES)."""
         if batch.reads is None:
             reads = self._read(batch.indices[:PROBE_SAMPLES])
@@ -286,7 +269,7 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
             out.append((data, time.perf_counter() - start))
         return out
 
-    def _pixels(self, batch: _Batch, chunk: int) -> list[tuple[BaseException | None, float, float]]:
+    def _pixels(self, batch: Batch, chunk: int) -> list[tuple[BaseException | None, float, float]]:
         first, stop = batch.chunks[chunk]
         if self._choice is not None:
             self._choice.result()  # the decoder measured on the first batch
@@ -314,7 +297,7 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
                 error.__cause__ = exc
             if error is None and self._rest is not None:
                 try:
-                    batch.finished[k] = self._rest.apply_rest(batch.images[k], seed, seeded=False)
+                    place(batch, k, self._rest.apply_rest(batch.images[k], seed, seeded=False))
                 except Exception as exc:  # the user's step failed: raised as the torch engine would
                     error = exc
             out.append((error, fetch_s, time.perf_counter() - start))
@@ -338,7 +321,7 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
         self._served += 1
         return envelope
 
-    def _result(self, future: Future[Any], batch: _Batch, deadline: float | None) -> Any:
+    def _result(self, future: Future[Any], batch: Batch, deadline: float | None) -> Any:
         """A task's result, waiting at most until ``deadline`` (torch's timeout error past it)."""
         if deadline is None:
             return future.result()
@@ -347,7 +330,7 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
         except concurrent.futures.TimeoutError:  # TimeoutError itself from Python 3.11
             raise self._timed_out(batch) from None
 
-    def _timed_out(self, batch: _Batch) -> RuntimeError:
+    def _timed_out(self, batch: Batch) -> RuntimeError:
         """torch's timeout error, naming the sample the batch still waits for."""
         waiting, doing = None, "decoding"
         for c, (first, stop) in enumerate(batch.chunks):
@@ -366,7 +349,7 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
             f"{self._served + 1} of this epoch. Check that the storage answers, or raise timeout="
         )
 
-    def _collect(self, batch: _Batch, deadline: float | None = None) -> batchinfo.Envelope:
+    def _collect(self, batch: Batch, deadline: float | None = None) -> batchinfo.Envelope:
         dataset = self._dataset
         info = batchinfo.BatchInfo()
         keep: list[int] = []
@@ -386,8 +369,10 @@ class ThreadEpoch(Iterator[batchinfo.Envelope]):
             return batchinfo.Envelope(None, info)
         start = time.perf_counter()
         images = batch.images
-        if self._rest is not None:
-            images = default_collate([batch.finished[k] for k in keep])
+        if self._rest is not None and batch.stacked is not None and all(batch.placed[k] for k in keep):
+            images = batch.stacked if len(keep) == len(batch.indices) else batch.stacked[keep]
+        elif self._rest is not None:
+            images = default_collate([batch.stacked[k] if batch.placed[k] else batch.finished[k] for k in keep])
         elif len(keep) < len(batch.indices):
             images = images[keep]
         labels = dataset.batch_targets([batch.indices[k] for k in keep])  # with target_transform
