@@ -56,12 +56,12 @@ from torch.utils.data import default_collate
 
 from fastload.data import batchinfo, decoders
 from fastload.data.declared import DeclaredImages
-from fastload.data.sample_errors import DECODE_ERRORS
 from fastload.data.render import Renderer
+from fastload.data.sample_errors import DECODE_ERRORS
 from fastload.engines.base import Engine, EngineContext
 from fastload.engines.daemon_pool import DaemonPool
 from fastload.engines.intraop import one_intraop_thread
-from fastload.engines.thread_batch import CHUNK, Batch, place
+from fastload.engines.thread_batch import Batch, place
 from fastload.errors import SampleError
 
 logger = logging.getLogger(__name__)
