@@ -302,3 +302,29 @@ def test_a_stored_listing_is_reused_only_by_the_rules_it_was_made_by(tmp_path):
     chosen = ImageFolder(root, size=8, cache=cache, allow_empty=True, is_valid_file=lambda p: p.endswith("1.jpg"))
     assert 0 < len(chosen) < jpgs == len(kept)
     assert len(_listing_keys(cache)) == 2  # allow_empty with and without extensions; none for is_valid_file
+
+
+class Obfuscated(ImageFolder):
+    """A subclass whose files are stored XOR-ed with 0x5A: its read_bytes undoes it."""
+
+    def read_bytes(self, index: int) -> bytes:
+        return bytes(b ^ 0x5A for b in super().read_bytes(index))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend,workers", [("torch", 0), ("torch", 2), ("threads", 2)])
+def test_a_subclass_s_read_bytes_runs_on_every_engine_with_a_cache(jpeg_root, tmp_path, backend, workers):
+    """The torch engine reads a batch's bytes at once through the cache (read_batch): a subclass
+    that overrides only read_bytes gets its own read_bytes called there too, as on threads."""
+    root = tmp_path / "xor"
+    for path in sorted(Path(jpeg_root).rglob("*.jpg"))[:12]:
+        out = root / path.parent.name / path.name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(bytes(b ^ 0x5A for b in path.read_bytes()))
+    plain = ImageFolder(jpeg_root, size=32, seed=5)
+    wanted = {p.name: plain.read_bytes(i) for i, p in enumerate(Path(s) for s, _ in plain.samples)}
+    ds = Obfuscated(root, size=32, seed=5, cache=str(tmp_path / "cache"))
+    assert all(ds.read_bytes(i) == wanted[Path(s).name] for i, (s, _) in enumerate(ds.samples))
+    loader = DataLoader(ds, batch_size=4, backend=backend, num_workers=workers)
+    images = torch.cat([x for x, _ in loader])  # undecodable bytes would raise CorruptSampleError
+    assert images.shape == (12, 3, 32, 32)

@@ -228,7 +228,7 @@ class DeclaredImages(Dataset, abc.ABC):
         """
         if type(self).__getitem__ is not DeclaredImages.__getitem__:
             return self._each(indices)
-        batch = self.read_batch(indices)
+        batch = self._batch_bytes(indices)
         if self.on_error == "raise":
             try:
                 return [self.load(i, data) for i, data in zip(indices, batch)]
@@ -241,6 +241,15 @@ class DeclaredImages(Dataset, abc.ABC):
             except SampleError as exc:  # every read or decode failure of one sample
                 batchinfo.record_skip(self.skipped(i, exc))
         return out
+
+    def _batch_bytes(self, indices: Sequence[int]) -> list[bytes | Exception | None]:
+        """:meth:`read_batch`, unless a subclass overrides :meth:`read_bytes` and not
+        :meth:`read_batch`: then Nones, so each :meth:`load` reads through the subclass's own
+        ``read_bytes`` (a decryption, say) on torch workers as the in-process engines do."""
+        base = next(c for c in type(self).__mro__ if DeclaredImages in c.__bases__)
+        if overridden(type(self), base, ("read_bytes", "read_batch")) == ["read_bytes"]:
+            return [None] * len(indices)
+        return self.read_batch(indices)
 
     def skipped(self, index: int, exc: SampleError) -> batchinfo.Skipped:
         """The record of sample ``index`` skipped under ``on_error="skip"`` for ``exc``."""
