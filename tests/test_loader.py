@@ -140,7 +140,7 @@ def test_skip_counts_and_reports_at_epoch_end(jpeg_root, tmp_path, caplog):
     assert n == 47
     assert [s.path for s in loader.skipped] == [str(victim)]
     assert loader.skipped[0].index == 7
-    assert any("skipped 1 unreadable" in r.getMessage() for r in caplog.records)
+    assert any("skipped 1 samples that could not be read or decoded" in r.getMessage() for r in caplog.records)
 
 
 class DiesInWorker(Dataset):

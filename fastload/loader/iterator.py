@@ -225,6 +225,7 @@ def _report_skipped(loader: DataLoader) -> None:
         shown = "; ".join(f"#{s.index} {s.path}" for s in skipped[:5])
         more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
         logger.warning(
-            "epoch %d skipped %d unreadable samples (on_error='skip'): %s%s",
+            "epoch %d skipped %d samples that could not be read or decoded (on_error='skip'; "
+            "loader.skipped gives each one's reason): %s%s",
             loader.epoch - 1, len(skipped), shown, more,
         )
