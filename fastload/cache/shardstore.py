@@ -155,6 +155,7 @@ class ShardStore:
         self._pins: collections.OrderedDict[str, _Pin] = collections.OrderedDict()
         self._opening: dict[str, threading.Lock] = {}
         self._verified: set[str] = set()
+        self._held_damaged: set[str] = set()
         self._warned = False
         self._files = None  # a forked child opens its own descriptors
 
@@ -206,7 +207,7 @@ class ShardStore:
             try:
                 if not take_lock(lock_fd, fcntl.LOCK_EX, self.lock_timeout):
                     return "hit"  # another process is filling it
-                data_fd = self._valid(d, ref)
+                data_fd, _ = self._valid(d, ref)
                 if data_fd is not None:
                     os.close(data_fd)
                     return "hit"
@@ -277,43 +278,58 @@ class ShardStore:
             return True
 
     def _open(self, fs: Any, ref: ShardRef, d: str) -> _Pin:
+        if d in self._held_damaged:
+            raise ShardBusyError(f"the local copy of {ref.url} is damaged and held by another "
+                                 "process; reading its ranges from the origin")
         files = self.files
         lock_fd = files.open_lock(d)
         try:
             for _ in range(3):
                 if not take_lock(lock_fd, fcntl.LOCK_SH, self.lock_timeout):
-                    raise self._busy(ref)
-                data_fd = self._valid(d, ref)
+                    raise self._busy(ref, f"held by another process for over {self.lock_timeout:g} "
+                                          "s (lock_timeout)")
+                data_fd, problem = self._valid(d, ref)
                 if data_fd is not None:
                     files.touch(d)
                     return _Pin(lock_fd, data_fd)
                 fcntl.flock(lock_fd, fcntl.LOCK_UN)
-                if not take_lock(lock_fd, fcntl.LOCK_EX, self.lock_timeout):
-                    raise self._busy(ref)
-                data_fd = self._valid(d, ref)
+                # Missing: another process may be downloading it, wait for it. Damaged: the
+                # processes that read it do not let go soon; the origin serves this one.
+                wait = self.lock_timeout if problem is None else min(self.lock_timeout, 1.0)
+                if not take_lock(lock_fd, fcntl.LOCK_EX, wait):
+                    if problem is None:
+                        raise self._busy(ref, f"held by another process for over "
+                                              f"{self.lock_timeout:g} s (lock_timeout)")
+                    self._held_damaged.add(d)
+                    raise self._busy(ref, f"damaged ({problem}) and still read by another process")
+                data_fd, problem = self._valid(d, ref)
                 if data_fd is None:
+                    if problem is not None:
+                        logger.warning("the local copy of %s (%s) is not served: %s; it is "
+                                       "downloaded again", ref.url, files.path / f"{d}.data", problem)
                     self._fill(fs, ref, d, must=True)
                 else:
                     os.close(data_fd)
                 fcntl.flock(lock_fd, fcntl.LOCK_SH)  # downgrade, then look again
-            raise self._busy(ref)
+            raise self._busy(ref, "evicted three times while it was opened")
         except BaseException:
             os.close(lock_fd)
             raise
 
-    def _busy(self, ref: ShardRef) -> ShardBusyError:
-        return ShardBusyError(
-            f"the local copy of {ref.url} in {self.files.path} was held by another process for "
-            f"over {self.lock_timeout:g} s (lock_timeout); reading its range from the origin")
+    def _busy(self, ref: ShardRef, why: str) -> ShardBusyError:
+        error = ShardBusyError(f"the local copy of {ref.url} in {self.files.path} was {why}; "
+                               "its samples are read by range from the origin")
+        logger.warning("%s", error)
+        return error
 
-    def _valid(self, d: str, ref: ShardRef) -> int | None:
+    def _valid(self, d: str, ref: ShardRef) -> tuple[int | None, str | None]:
         """A descriptor of the shard's file if it is whole and checks out (call with its lock
-        held); a file that does not is deleted where the lock allows it."""
+        held), else None and why (None: there is no file)."""
         files = self.files
         record = files.record(d)
         data_fd = files.open_data(d)
         if data_fd is None:
-            return None
+            return None, None
         problem = None
         size = os.fstat(data_fd).st_size
         if record is None:
@@ -327,11 +343,9 @@ class ShardStore:
                 problem = "its checksum does not match its record (a damaged file)"
         if problem is None:
             self._verified.add(d)
-            return data_fd
+            return data_fd, None
         os.close(data_fd)
-        logger.warning("the local copy of %s (%s) is not served: %s; it is downloaded again",
-                       ref.url, files.path / f"{d}.data", problem)
-        return None  # the caller removes it under its exclusive lock, then downloads
+        return None, problem  # the caller removes it under its exclusive lock, then downloads
 
     # -- filling ---------------------------------------------------------------------------
 

@@ -18,7 +18,6 @@ Example::
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -56,8 +55,6 @@ from fastload.io.origin import with_timeouts
 from fastload.io.versions import version_size
 
 __all__ = ["TarShards"]
-
-logger = logging.getLogger(__name__)
 
 
 def _urls(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
@@ -265,8 +262,7 @@ class TarShards(DeclaredImages):
         shard, _, offset, length = self._where(index)
         try:
             return self.shard_store.read(self.fs, self._refs[shard], offset, length)
-        except ShardBusyError as exc:
-            logger.warning("%s", exc)
+        except ShardBusyError:  # the store said why, once
             return self._origin(index)
 
     def follow_epoch(self, order: Sequence[int], start: int = 0) -> ShardAhead | None:
