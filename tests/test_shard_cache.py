@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from fastload import DataLoader, TarShards
-from fastload.cache import open_cache
 from fastload.errors import ConfigError, UnreadableSampleError
 from tests.fixtures.s3 import upload_folder
 from tests.test_shards import write_shards
@@ -194,16 +193,16 @@ def test_redis_shares_shards_between_two_nodes(remote, s3_options, s3_server, re
 
 def test_verify_and_clear_know_the_shards_directory(remote, s3_options, tmp_path):
     from fastload.cache.disk import DiskTier
-    from fastload.cache.shardstore import open_shard_store
 
     ds = remote_ds(remote, s3_options, {"disk": str(tmp_path / "cache")})
     ds.read_bytes(0)
+    ds.read_bytes(10)
     (tmp_path / "cache" / "shards" / "notes.txt").write_text("mine")
     tier = DiskTier(tmp_path / "cache")
-    report = tier.verify()
-    assert [Path(p).name for p, _ in report.foreign] == ["notes.txt"]
+    assert [Path(p).name for p, _ in tier.verify().foreign] == ["notes.txt"]
     ds.shard_store.release_all()
-    store = open_shard_store(open_cache({"disk": str(tmp_path / "cache")}))
-    assert store.files.clear()[0] == 1
-    assert sorted(p.name for p in (tmp_path / "cache" / "shards").iterdir()
-                  if not p.name.endswith(".lock")) == ["notes.txt"]
+    ds.read_bytes(20)  # still read: clear leaves it
+    report = tier.clear()
+    assert report.entries >= 2 and [Path(p).name for p, _ in report.foreign] == ["notes.txt"]
+    left = sorted(p.name for p in (tmp_path / "cache" / "shards").glob("*.data"))
+    assert len(left) == 1 and ds.read_bytes(20)

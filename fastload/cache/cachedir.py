@@ -274,6 +274,10 @@ class CacheDir:
         self._fds.append(fd)
         return fd
 
+    def has_shards(self) -> bool:
+        """Whether ``shards/`` exists (a shard store has been used here)."""
+        return SHARDS in listing(self._root)
+
     def shards_fd(self) -> int:
         """The descriptor of ``shards/`` (created on first use), where whole shards live."""
         with self._shards_mutex:
@@ -395,7 +399,7 @@ class CacheDir:
             found = classify(self._locks, name, self.path / "locks", LOCK_NAME.fullmatch)
             if found is not None and found.foreign:
                 yield found
-        if SHARDS in listing(self._root):
+        if self.has_shards():
             shards = self.shards_fd()
             for name in listing(shards):
                 found = classify(shards, name, self.path / SHARDS,

@@ -119,7 +119,7 @@ class ShardAhead:
             while True:
                 try:
                     outcome = self.store.ensure(self.fs, self.refs[k], must=False)
-                except Exception as exc:  # the reader downloads again, or raises it
+                except Exception as exc:  # noqa: BLE001 - the reader downloads again, or raises it
                     logger.debug("downloading %s ahead failed: %s", self.refs[k].url, exc)
                     with self._cond:
                         self.failed += 1

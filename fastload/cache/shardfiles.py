@@ -204,14 +204,14 @@ class ShardFiles:
         return used, evicted
 
     def clear(self) -> tuple[int, int]:
-        """Delete every shard no process holds and every stale download; (shards, bytes)."""
+        """Delete every shard no process holds and every download stale for an hour (a
+        crashed one); (shards deleted, bytes freed)."""
         with self.budget_lock(30.0):
-            _, shards = self.stored()
-            used_before = sum(s.size for s in shards)
-            _, evicted = self.evict(used_before + 1, 0, keep="")
+            before = self.used()
+            _, evicted = self.evict(before + 1, 0, keep="")
             for name in listing(self.fd):
                 if name.startswith(TEMP_PREFIX):
                     with contextlib.suppress(OSError):
                         if time.time() - os.stat(name, dir_fd=self.fd).st_mtime > 3600:
                             self.remove_temp(name)
-            return evicted, used_before - self.stored()[0]
+            return evicted, before - self.used()

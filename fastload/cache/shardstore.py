@@ -49,24 +49,30 @@ import fcntl
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fastload.cache.cachedir import CacheDir
 from fastload.cache.config import parse_size
 from fastload.cache.forks import after_fork
-from fastload.cache.keys import digest, make_key
+from fastload.cache.keys import digest
 from fastload.cache.shardfetch import download_ranges
 from fastload.cache.shardfiles import ShardFiles, file_checksum, take_lock
+from fastload.cache.shardsource import (
+    ShardChangedError,
+    ShardRef,
+    check_version,
+    from_shared,
+    publish,
+)
 from fastload.cache.tier import Tier
-from fastload.errors import CacheError, StorageError
-from fastload.io.errors import storage_error
-from fastload.io.versions import version_of
+from fastload.errors import CacheError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ShardBusyError", "ShardChangedError", "ShardRef", "ShardStore", "open_shard_store"]
+__all__ = [
+    "ShardBusyError", "ShardChangedError", "ShardRef", "ShardStore", "open_shard_store",
+]
 
 PUBLISH_MAX = 256 << 20
 """Largest shard published whole to a shared tier (Redis) by default."""
@@ -74,24 +80,6 @@ PUBLISH_MAX = 256 << 20
 
 class ShardBusyError(CacheError):
     """Another process held a shard's lock past the timeout; read from the origin instead."""
-
-
-class ShardChangedError(StorageError):
-    """The shard at the origin is not the version its index recorded (it was rewritten)."""
-
-
-@dataclass(frozen=True)
-class ShardRef:
-    """One shard: its URL (keys, messages), path on its filesystem, indexed version, size."""
-
-    url: str
-    path: str
-    version: str
-    size: int
-
-    @property
-    def key(self) -> str:
-        return make_key(self.url, self.version)
 
 
 class _Pin:
@@ -338,9 +326,8 @@ class ShardStore:
             problem = "its record names another shard"
         elif not size == record.get("size") == ref.size:
             problem = f"it holds {size} bytes, its record {record.get('size')}, the index {ref.size}"
-        elif d not in self._verified:
-            if file_checksum(data_fd, size) != record.get("xxh3"):
-                problem = "its checksum does not match its record (a damaged file)"
+        elif d not in self._verified and file_checksum(data_fd, size) != record.get("xxh3"):
+            problem = "its checksum does not match its record (a damaged file)"
         if problem is None:
             self._verified.add(d)
             return data_fd, None
@@ -357,9 +344,9 @@ class ShardStore:
             return "no room"
         temp, fd = files.new_temp(ref.size)
         try:
-            source = self._from_shared(ref, fd)
+            source = from_shared(self.shared, ref, fd)
             if source is None:
-                self._check_version(fs, ref)
+                check_version(fs, ref)
                 self.requests += download_ranges(fs, ref.path, ref.size, fd)
                 self.downloads += 1
                 source = "fetched"
@@ -369,8 +356,8 @@ class ShardStore:
             files.publish(temp, d, {"key": ref.key, "url": ref.url, "size": ref.size,
                                     "xxh3": checksum})
             self._verified.add(d)
-            if source == "fetched":
-                self._publish(ref, fd)
+            if source == "fetched" and ref.size <= self.publish_max:
+                publish(self.shared, ref, fd)
             return source
         except BaseException:
             files.remove_temp(temp)
@@ -399,39 +386,6 @@ class ShardStore:
                     "shards per reading process, or lower shuffle_window",
                     self.budget, files.path, used, ref.url, ref.size)
             return must
-
-    def _check_version(self, fs: Any, ref: ShardRef) -> None:
-        try:
-            now = version_of(fs.info(ref.path))
-        except Exception as exc:  # NOTE [storage errors]: named, classified
-            raise storage_error(exc, "read the version of", ref.url) from exc
-        if now != ref.version:
-            raise ShardChangedError(
-                f"{ref.url} changed at the origin since it was indexed (version {ref.version} "
-                f"then, {now} now); its old bytes are not served: build the dataset again "
-                "(listing_max_age=0) to index the new shard")
-
-    def _from_shared(self, ref: ShardRef, fd: int) -> str | None:
-        for tier in self.shared:
-            try:
-                data = tier.get(ref.key)
-            except Exception as exc:  # a shared tier that fails is skipped
-                logger.debug("shared tier %s failed for %s: %s", tier.name, ref.url, exc)
-                continue
-            if data is not None and len(data) == ref.size:
-                os.pwrite(fd, data, 0)
-                return "shared"
-        return None
-
-    def _publish(self, ref: ShardRef, fd: int) -> None:
-        if not self.shared or ref.size > self.publish_max:
-            return
-        data = os.pread(fd, ref.size, 0)
-        for tier in self.shared:
-            try:
-                tier.put(ref.key, data)
-            except Exception as exc:
-                logger.debug("could not publish %s to %s: %s", ref.url, tier.name, exc)
 
 
 def _reopen(directory: str, budget: int, shared: list[Tier], keep_open: int,

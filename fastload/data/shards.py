@@ -312,7 +312,7 @@ class TarShards(DeclaredImages):
             for i in indices:
                 try:
                     out_local.append(self._from_store(i))
-                except Exception:  # load() reads it again and names what failed
+                except Exception:  # noqa: BLE001 - load() reads it again and names what failed
                     out_local.append(None)
             batchinfo.record(time.perf_counter() - start, 0.0, 0)
             return out_local
