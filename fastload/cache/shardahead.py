@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import bisect
 import logging
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from fastload.cache.ahead import Ahead
 from fastload.cache.shardstore import ShardRef, ShardStore
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ __all__ = ["ShardAhead"]
 _NO_ROOM_WAIT_S = 0.5
 
 
-class ShardAhead:
+class ShardAhead(Ahead):
     """Downloads ``refs`` in order into ``store``, ``ahead`` shards past the reader.
 
     Args:
@@ -50,6 +50,8 @@ class ShardAhead:
         which downloads again or raises the error naming its sample).
     """
 
+    thread_name = "fastload-shard-ahead"
+
     def __init__(
         self, store: ShardStore, fs: Any, refs: Sequence[ShardRef], first_use: Sequence[int], *,
         ahead: int = 2, jobs: int = 2, start: int = 0,
@@ -58,46 +60,15 @@ class ShardAhead:
         self.refs, self.first_use = list(refs), list(first_use)
         self.ahead, self.jobs = max(1, ahead), max(1, jobs)
         self.fetched = self.hits = self.failed = 0
-        self._consumed = start
+        super().__init__(start)
         self._next = max(0, bisect.bisect_right(self.first_use, start) - 1)
-        self._stopped = False
-        self._cond = threading.Condition()
-        self._threads: list[threading.Thread] = []
 
     def start(self) -> ShardAhead:
         """Start the download threads; returns self."""
-        for i in range(min(self.jobs, len(self.refs) - self._next)):
-            t = threading.Thread(target=self._run, name=f"fastload-shard-ahead-{i}", daemon=True)
-            t.start()
-            self._threads.append(t)
-        return self
+        return self._start_threads(min(self.jobs, len(self.refs) - self._next))
 
-    def advance(self, consumed: int) -> None:
-        """The reader has read ``consumed`` more samples."""
-        with self._cond:
-            self._consumed += consumed
-            self._cond.notify_all()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop starting downloads and wait (up to ``timeout`` s) for those in progress."""
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
-        for t in self._threads:
-            if t is not threading.current_thread():
-                t.join(timeout)
-        if self._threads:
-            logger.debug("shards ahead stopped: %d fetched, %d already there, %d failed",
-                         self.fetched, self.hits, self.failed)
-
-    def follow(self, source: Iterator[Any], per_item: int) -> Iterator[Any]:
-        """Yield from ``source``, the reader ``per_item`` samples further per item; stop at the end."""
-        try:
-            for item in source:
-                yield item
-                self.advance(per_item)
-        finally:
-            self.stop()
+    def _summary(self) -> str:
+        return f"{self.fetched} shards fetched, {self.hits} already there, {self.failed} failed"
 
     def _current(self) -> int:
         """The position in ``refs`` of the shard the reader has started last."""

@@ -34,11 +34,19 @@ from typing import Any
 import xxhash
 
 from fastload.cache.cachedir import SHARDS, CacheDir
-from fastload.cache.safefs import FILE_FLAGS, TEMP_PREFIX, flock, listing, open_file, write_temp
+from fastload.cache.safefs import (
+    FILE_FLAGS,
+    TEMP_PREFIX,
+    flock,
+    listing,
+    open_file,
+    take_lock,
+    write_temp,
+)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ShardFiles", "StoredShard", "file_checksum", "take_lock"]
+__all__ = ["ShardFiles", "StoredShard", "file_checksum"]
 
 _READ_CHUNK = 8 << 20
 RECORD_MAGIC = "fastload shard"
@@ -55,21 +63,6 @@ def file_checksum(fd: int, size: int) -> str:
         h.update(chunk)
         offset += len(chunk)
     return h.hexdigest()
-
-
-def take_lock(fd: int, mode: int, timeout: float) -> bool:
-    """``flock(fd, mode)`` within ``timeout`` seconds (0: one try); whether it was taken."""
-    deadline = time.monotonic() + timeout
-    pause = 0.001
-    while True:
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(pause)
-            pause = min(pause * 2, 0.05)
 
 
 @dataclass(frozen=True)

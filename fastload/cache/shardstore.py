@@ -56,8 +56,9 @@ from fastload.cache.cachedir import CacheDir
 from fastload.cache.config import parse_size
 from fastload.cache.forks import after_fork
 from fastload.cache.keys import digest
+from fastload.cache.safefs import take_lock
 from fastload.cache.shardfetch import download_ranges
-from fastload.cache.shardfiles import ShardFiles, file_checksum, take_lock
+from fastload.cache.shardfiles import ShardFiles, file_checksum
 from fastload.cache.shardsource import (
     ShardChangedError,
     ShardRef,
@@ -136,7 +137,14 @@ class ShardStore:
         self.downloads = self.requests = self.from_shared = self.evicted = 0
         self._files: ShardFiles | None = None
         self._setup()
-        after_fork(self, ShardStore._setup)  # NOTE [locks across fork]: a child pins its own
+        after_fork(self, ShardStore._after_fork)  # NOTE [locks across fork]
+
+    def _after_fork(self) -> None:
+        """In a forked child: close the parent's pins (the parent's own descriptors keep its
+        locks) so that they go when the parent lets go of them, and pin anew."""
+        for pin in self._pins.values():
+            pin.close()
+        self._setup()
 
     def _setup(self) -> None:
         self._mutex = threading.Lock()
@@ -345,13 +353,15 @@ class ShardStore:
         temp, fd = files.new_temp(ref.size)
         try:
             source = from_shared(self.shared, ref, fd)
+            requests = 0
             if source is None:
                 check_version(fs, ref)
-                self.requests += download_ranges(fs, ref.path, ref.size, fd)
-                self.downloads += 1
+                requests = download_ranges(fs, ref.path, ref.size, fd)
                 source = "fetched"
-            else:
-                self.from_shared += 1
+            with self._mutex:
+                self.requests += requests
+                self.downloads += source == "fetched"
+                self.from_shared += source == "shared"
             checksum = file_checksum(fd, ref.size)
             files.publish(temp, d, {"key": ref.key, "url": ref.url, "size": ref.size,
                                     "xxh3": checksum})
@@ -375,7 +385,8 @@ class ShardStore:
             while must and used + ref.size > self.budget and self._release_oldest():
                 used, more = files.evict(ref.size, self.budget, keep=d)
                 evicted += more
-            self.evicted += evicted
+            with self._mutex:
+                self.evicted += evicted
             if used + ref.size <= self.budget:
                 return True
             if must and not self._warned:
