@@ -196,17 +196,27 @@ class ShardStore:
         Returns "hit", "fetched", "shared" (copied from a shared tier) or "no room" (the
         budget is taken by shards in use and ``must`` is False: nothing was downloaded)."""
         d = digest(ref.key)
-        with self._pinned_or_locked(d) as pinned:
-            if pinned:
-                return "hit"
+        with self._mutex:
+            gate = self._opening.setdefault(d, threading.Lock())
+        with gate:  # after a reader of this process that opens it, if one does
+            with self._mutex:
+                if d in self._pins:
+                    return "hit"
             lock_fd = self.files.open_lock(d)
             try:
-                if not take_lock(lock_fd, fcntl.LOCK_EX, self.lock_timeout):
-                    return "hit"  # another process is filling it
-                data_fd, _ = self._valid(d, ref)
-                if data_fd is not None:
-                    os.close(data_fd)
-                    return "hit"
+                # Shared first: a shard other readers hold is there; a download of another
+                # process is waited for. Then exclusive, briefly: whoever holds it fills or reads it.
+                if not take_lock(lock_fd, fcntl.LOCK_SH, self.lock_timeout):
+                    return "hit"  # filled elsewhere for too long: its reader sees to it
+                for exclusive in (False, True):
+                    data_fd, _ = self._valid(d, ref)
+                    if data_fd is not None:
+                        os.close(data_fd)
+                        return "hit"
+                    if not exclusive:
+                        fcntl.flock(lock_fd, fcntl.LOCK_UN)
+                        if not take_lock(lock_fd, fcntl.LOCK_EX, min(1.0, self.lock_timeout)):
+                            return "hit"
                 return self._fill(fs, ref, d, must=must)
             finally:
                 os.close(lock_fd)
@@ -219,16 +229,6 @@ class ShardStore:
                 self._retire(pin)
 
     close = release_all
-
-    @contextlib.contextmanager
-    def _pinned_or_locked(self, d: str):
-        with self._mutex:
-            if d in self._pins:
-                yield True
-                return
-            gate = self._opening.setdefault(d, threading.Lock())
-        with gate:
-            yield False
 
     def _pin(self, fs: Any, ref: ShardRef, *, use: bool = False) -> _Pin:
         d = digest(ref.key)
