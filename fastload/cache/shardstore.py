@@ -424,8 +424,10 @@ def open_shard_store(cache: Any, *, keep_open: int = 8) -> ShardStore | None:
     budget = config.shard_budget if config.shard_budget is not None else disk.budget
     shared = [t for t in cache.tiers if t.shared and t is not disk]
     try:
-        return ShardStore(disk.directory, budget=budget, shared=shared, keep_open=keep_open,
-                          lock_timeout=config.lock_timeout)
+        store = ShardStore(disk.directory, budget=budget, shared=shared, keep_open=keep_open,
+                           lock_timeout=config.lock_timeout)
+        store.files  # noqa: B018 - shards/ made now: a directory that refuses it fails open here
+        return store
     except (OSError, CacheError) as exc:  # NOTE [a cache fails open]
         logger.warning("no shard store in %s (%s); shards are read by range from the origin",
                        disk.directory, exc)
