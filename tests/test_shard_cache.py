@@ -206,3 +206,34 @@ def test_verify_and_clear_know_the_shards_directory(remote, s3_options, tmp_path
     assert report.entries >= 2 and [Path(p).name for p, _ in report.foreign] == ["notes.txt"]
     left = sorted(p.name for p in (tmp_path / "cache" / "shards").glob("*.data"))
     assert len(left) == 1 and ds.read_bytes(20)
+
+
+def _wait_for(condition, what: str, timeout: float = 120.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_shards_are_downloaded_ahead_in_the_epoch_order_within_the_budget(
+        remote, s3_options, s3_server, tmp_path):
+    largest = max(int(v.split(":")[0]) for v in remote_ds(remote, s3_options, None).index.versions)
+    budget = 3 * largest  # room for 3 of the 5 shards: the reader's and 2 ahead
+    ds = remote_ds(remote, s3_options, {"disk": str(tmp_path / "cache"), "shard_budget": budget},
+                   shuffle_window=1)
+    order = ds.epoch_order.permutation(5, 1, shuffle=True, num_replicas=1)
+    s3_server.reset_counts()
+    ahead = ds.follow_epoch(order)
+    try:
+        assert ahead.ahead == 2
+        _wait_for(lambda: ahead.fetched == 3, "3 shards ahead")
+        first = [int(s) for s in dict.fromkeys(ds.index.shards[order].tolist())]
+        fetched = [i for i, n in enumerate(shard_gets(s3_server, remote)) if n]
+        assert sorted(fetched) == sorted(first[:3])  # the next ones in the order, no others
+        ahead.advance(len(order))  # the reader is at the end: the rest come, evicting the first
+        _wait_for(lambda: ahead.fetched == len(remote), "every shard")
+    finally:
+        ahead.stop()
+    assert ds.shard_store.files.used() <= budget and ds.shard_store.evicted == 2

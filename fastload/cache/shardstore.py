@@ -164,6 +164,7 @@ class ShardStore:
 
     @property
     def files(self) -> ShardFiles:
+        """The ``shards/`` directory (:mod:`.shardfiles`), opened in this process."""
         if self._files is None:
             self._files = ShardFiles(CacheDir(self.directory, create=False))
         return self._files
