@@ -22,6 +22,9 @@ _LAZY = {
     "TieredCache": "fastload.cache.tiered",
     "open_cache": "fastload.cache.build",
     "parse_size": "fastload.cache.config",
+    "ShardRef": "fastload.cache.shardstore",
+    "ShardStore": "fastload.cache.shardstore",
+    "open_shard_store": "fastload.cache.shardstore",
 }
 __getattr__, __dir__ = _attach(__name__, _LAZY, globals())
 
@@ -30,9 +33,12 @@ __all__ = [
     "DiskTier",
     "KeyLocking",
     "MemoryTier",
+    "ShardRef",
+    "ShardStore",
     "Tier",
     "TierStats",
     "TieredCache",
     "open_cache",
+    "open_shard_store",
     "parse_size",
 ]

@@ -71,10 +71,12 @@ FORMATS = {1: "files", 2: "packed"}
 FORMAT_NUMBERS = {name: number for number, name in FORMATS.items()}
 FORMAT = 2  # what a new directory gets unless asked for another
 PACKED = "packed"
+SHARDS = "shards"  # whole shard files (NOTE [the shard store] in fastload/cache/shardstore.py)
 SUBDIRS = ("entries", "locks", "tmp")
 ROOT_FILES = (MARKER, "used", "stats.json", ".index.lock")
-OWN_NAMES = frozenset(SUBDIRS + ROOT_FILES + (PACKED,))
+OWN_NAMES = frozenset(SUBDIRS + ROOT_FILES + (PACKED, SHARDS))
 LOCK_NAME = re.compile(r"[0-9a-f]{3}\.lock")
+SHARD_NAME = re.compile(r"[0-9a-f]{32}\.(data|json|lock)|budget\.lock")
 PACKED_FILES = ("data.mdb", "lock.mdb")  # LMDB's two files
 UNSYNCED = "unsynced-"  # NOTE [packed durability] in fastload/cache/packedsync.py
 PACKED_NAME = re.compile(r"data\.mdb|lock\.mdb|unsynced-[0-9a-f-]{36}-\d+")
@@ -111,14 +113,17 @@ class CacheDir:
         self.entries = EntryFiles(self.path / "entries", entries, self._tmp)
         self.format: str = FORMATS[self.marker["format"]]
         self.packed_fd: int | None = self._subdir(PACKED) if self.format == "packed" else None
+        self._shards: int | None = None
         self.read_only: str | None = self._read_only()
         """Why nothing can be written here (a read-only filesystem...), or None."""
         self._mutex = threading.Lock()
+        self._shards_mutex = threading.Lock()
         after_fork(self, CacheDir._reset_after_fork)  # NOTE [locks across fork]
 
     def _reset_after_fork(self) -> None:
         """In a forked child: the index mutex a parent's thread may have held is new."""
         self._mutex = threading.Lock()
+        self._shards_mutex = threading.Lock()
 
     @property
     def root_fd(self) -> int:
@@ -248,7 +253,7 @@ class CacheDir:
                 continue  # not fastload's in a directory of format 1: foreign, listed by verify
             with contextlib.suppress(FileNotFoundError):
                 mode = os.stat(name, dir_fd=self._root, follow_symlinks=False).st_mode
-                if not (stat.S_ISDIR(mode) if name in (*SUBDIRS, PACKED) else stat.S_ISREG(mode)):
+                if not (stat.S_ISDIR(mode) if name in (*SUBDIRS, PACKED, SHARDS) else stat.S_ISREG(mode)):
                     wrong[name] = describe(self._root, name)
         if wrong:
             raise CacheError(
@@ -268,6 +273,17 @@ class CacheDir:
             raise CacheError(f"cannot open {self.path / name}: {exc}; remove it or give the cache a new directory") from exc
         self._fds.append(fd)
         return fd
+
+    def has_shards(self) -> bool:
+        """Whether ``shards/`` exists (a shard store has been used here)."""
+        return SHARDS in listing(self._root)
+
+    def shards_fd(self) -> int:
+        """The descriptor of ``shards/`` (created on first use), where whole shards live."""
+        with self._shards_mutex:
+            if self._shards is None:
+                self._shards = self._subdir(SHARDS)
+            return self._shards
 
     # -- small files in the root -----------------------------------------------------------
 
@@ -383,6 +399,13 @@ class CacheDir:
             found = classify(self._locks, name, self.path / "locks", LOCK_NAME.fullmatch)
             if found is not None and found.foreign:
                 yield found
+        if self.has_shards():
+            shards = self.shards_fd()
+            for name in listing(shards):
+                found = classify(shards, name, self.path / SHARDS,
+                                 lambda n: SHARD_NAME.fullmatch(n) or n.startswith(TEMP_PREFIX))
+                if found is not None and found.foreign:
+                    yield found
         if self.packed_fd is not None:
             for name in listing(self.packed_fd):
                 found = classify(self.packed_fd, name, self.path / PACKED, PACKED_NAME.fullmatch)

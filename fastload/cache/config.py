@@ -208,6 +208,10 @@ class CacheConfig:
             enough for the loader's workers plus a margin.
         lock_timeout: seconds a reader waits for another process fetching the same object
             before it fetches the object itself.
+        shard_budget: bytes of whole shards the disk tier's directory may hold (NOTE [the
+            shard store] in :mod:`fastload.cache.shardstore`: ``TarShards`` from a remote
+            store downloads whole shards and evicts the least recently used ones no process
+            reads); None = the disk tier's budget. A dataset larger than it streams through.
         transcode: None (cache the original bytes), or ``{"max_side": 256, "quality": 90}``:
             opt-in, and it changes pixels. ``ImageFolder`` and ``fastload cache warm
             --transcode`` then cache each image re-encoded as a JPEG whose longer side is at
@@ -232,6 +236,7 @@ class CacheConfig:
     prefetch_ahead: int | None = None
     lock_timeout: float = 60.0
     transcode: Mapping[str, int] | None = None
+    shard_budget: int | str | None = None
 
     def __post_init__(self) -> None:
         hmac_key_bytes(self.redis_hmac_key)
@@ -245,6 +250,8 @@ class CacheConfig:
             parse_size(self.memory, name="memory")
         if self.disk_size is not None:
             parse_size(self.disk_size, name="disk_size")
+        if self.shard_budget is not None:
+            parse_size(self.shard_budget, name="shard_budget")
         if self.prefetch_jobs < 1:
             raise ConfigError(f"prefetch_jobs must be at least 1, got {self.prefetch_jobs}")
         if self.prefetch_ahead is not None and self.prefetch_ahead < 1:

@@ -9,6 +9,7 @@ Layout of a cache directory (opened through :class:`~fastload.cache.cachedir.Cac
                             "files": every object; "packed": objects of 1 MiB and more)
     locks/<stripe>.lock     per-key fetch locks, 4096 stripes (bounded number of files)
     tmp/                    files being written; moved into entries/ by os.replace
+    shards/                 whole shards of sharded datasets (NOTE [the shard store])
     used                    format "files": bytes in entries/ (updated under .index.lock)
     stats.json              hits, misses, puts... recorded by every process that used it
 

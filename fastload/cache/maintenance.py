@@ -38,6 +38,7 @@ from fastload.cache.keys import digest
 from fastload.cache.packed import StoreDamaged, accounted, is_pointer, record_key
 from fastload.cache.packedformat import PackedFormatStore
 from fastload.cache.packedsync import damaged_copies, remove_damaged
+from fastload.cache.shardfiles import ShardFiles
 from fastload.cache.tier import TierStats
 from fastload.errors import CacheError
 
@@ -258,6 +259,10 @@ def clear(tier: DiskTier) -> ClearReport:
             else:
                 report.foreign.append((str(found.path), found.foreign))
         cache_dir.remove_file(STATS_FILE)
+        if cache_dir.has_shards():  # NOTE [the shard store]: the shards no process reads
+            shards, freed = ShardFiles(cache_dir).clear()
+            report.entries += shards
+            report.bytes += freed
         if not packed:
             cache_dir.write_used(left)
     tier.recorder.reset()

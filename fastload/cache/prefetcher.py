@@ -23,18 +23,17 @@ Example::
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import fsspec
 
+from fastload.cache.ahead import Ahead
 from fastload.cache.tiered import TieredCache
 
 logger = logging.getLogger(__name__)
 
 
-class Prefetcher:
+class Prefetcher(Ahead):
     """Fetches ``paths`` in order into ``cache``, ahead of a consumer, on daemon threads.
 
     Args:
@@ -51,6 +50,8 @@ class Prefetcher:
         fetched, hits, rejected, failed: outcomes so far (a failed fetch is left to the
         reader, which raises the error with the sample's index).
     """
+
+    thread_name = "fastload-prefetch"
 
     def __init__(
         self,
@@ -72,40 +73,19 @@ class Prefetcher:
         self.jobs = max(1, jobs)
         self.shared_only = shared_only
         self.fetched = self.hits = self.rejected = self.failed = 0
-        self._consumed = start
+        super().__init__(start)
         self._next = start
-        self._stopped = False
-        self._cond = threading.Condition()
-        self._threads: list[threading.Thread] = []
 
     def start(self) -> Prefetcher:
         """Start the threads; returns self."""
-        for i in range(min(self.jobs, max(0, len(self.paths) - self._next))):
-            t = threading.Thread(target=self._run, name=f"fastload-prefetch-{i}", daemon=True)
-            t.start()
-            self._threads.append(t)
-        return self
+        return self._start_threads(min(self.jobs, max(0, len(self.paths) - self._next)))
 
-    def advance(self, consumed: int) -> None:
-        """The consumer has read ``consumed`` more samples: the window moves on."""
-        with self._cond:
-            self._consumed += consumed
-            self._next = max(self._next, self._consumed)
-            self._cond.notify_all()
+    def _advanced(self) -> None:
+        self._next = max(self._next, self._consumed)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop fetching and wait (up to ``timeout`` seconds) for requests in flight."""
-        with self._cond:
-            self._stopped = True
-            self._cond.notify_all()
-        for t in self._threads:
-            if t is not threading.current_thread():
-                t.join(timeout)
-        if self._threads:
-            logger.debug(
-                "prefetcher stopped: %d fetched, %d already cached, %d not stored, %d failed",
-                self.fetched, self.hits, self.rejected, self.failed,
-            )
+    def _summary(self) -> str:
+        return (f"{self.fetched} fetched, {self.hits} already cached, {self.rejected} not stored, "
+                f"{self.failed} failed")
 
     def _claim(self) -> str | None:
         with self._cond:
@@ -139,12 +119,3 @@ class Prefetcher:
                         logger.info("cache full: prefetching stops for this epoch")
                     self._stopped = True
                     self._cond.notify_all()
-
-    def follow(self, source: Iterator[Any], per_item: int) -> Iterator[Any]:
-        """Yield from ``source``, moving the window ``per_item`` samples per item; stop at the end."""
-        try:
-            for item in source:
-                yield item
-                self.advance(per_item)
-        finally:
-            self.stop()

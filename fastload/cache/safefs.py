@@ -58,7 +58,7 @@ def flock(dir_fd: int, name: str, timeout: float, where: Path) -> Iterator[bool]
     """Hold an flock on ``name`` below ``dir_fd``: True when taken, False after ``timeout`` s."""
     fd = open_file(dir_fd, name, os.O_RDWR | os.O_CREAT, where)  # never O_TRUNC
     try:
-        got = _acquire(fd, timeout)
+        got = take_lock(fd, fcntl.LOCK_EX, timeout)
         try:
             yield got
         finally:
@@ -146,12 +146,14 @@ def describe(dir_fd: int, name: str) -> str:
     return "a file" if stat.S_ISREG(mode) else "not a regular file"
 
 
-def _acquire(fd: int, timeout: float) -> bool:
+def take_lock(fd: int, mode: int, timeout: float) -> bool:
+    """``flock(fd, mode)`` (``LOCK_EX``/``LOCK_SH``) within ``timeout`` seconds (0: one
+    try); whether it was taken."""
     deadline = time.monotonic() + timeout
     pause = 0.001
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
             if time.monotonic() >= deadline:

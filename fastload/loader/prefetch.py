@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # One prefetcher per loader: a new epoch (or a new iterator) stops the previous one.
-_running: weakref.WeakKeyDictionary[Any, Prefetcher] = weakref.WeakKeyDictionary()
+_running: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def follow_loader(loader: DataLoader, source: Iterator[Any], *, start_batch: int = 0) -> Iterator[Any]:
@@ -47,6 +47,13 @@ def follow_loader(loader: DataLoader, source: Iterator[Any], *, start_batch: int
     cache = getattr(dataset, "cache", None)  # ImageFolder.cache
     sampler = loader.epoch_sampler
     batch = loader.batch_size
+    follow_epoch = getattr(dataset, "follow_epoch", None)  # whole shards ahead: TarShards
+    if follow_epoch is not None and isinstance(sampler, EpochSampler) and batch:
+        ahead = follow_epoch(sampler.indices(), start=start_batch * batch)
+        if ahead is None:
+            return source
+        _running[loader] = ahead
+        return ahead.follow(source, batch)
     if (
         storage is None  # a declared source without per-object paths (TarShards)
         or not isinstance(cache, TieredCache)

@@ -1,0 +1,210 @@
+"""The ``shards/`` directory of a cache directory: whole shard files, their records, their
+locks and the byte budget that evicts them (NOTE [the shard store] in :mod:`.shardstore`).
+
+Layout, every name one component below ``shards/``, opened without following a symlink
+(NOTE [a cache directory holds only fastload's files] in :mod:`.cachedir`)::
+
+    <digest>.data     the shard's bytes (digest: xxh3-128 of its key, URL + version)
+    <digest>.json     its record: key, size, xxh3-64 of the bytes; written after the data
+    <digest>.lock     its flock: shared while a process reads it, exclusive to fill or evict
+    budget.lock       held while space is made for a new shard
+    .fastload-tmp-*   a shard being downloaded (counted in the budget from its start)
+
+Example::
+
+    >>> files = ShardFiles(CacheDir(Path("/nvme/fastload"), create=True))
+    >>> files.used()
+    0
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import secrets
+import stat
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+from fastload.cache.cachedir import SHARDS, CacheDir
+from fastload.cache.safefs import (
+    FILE_FLAGS,
+    TEMP_PREFIX,
+    flock,
+    listing,
+    open_file,
+    take_lock,
+    write_temp,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ShardFiles", "StoredShard", "file_checksum"]
+
+_READ_CHUNK = 8 << 20
+RECORD_MAGIC = "fastload shard"
+
+
+def file_checksum(fd: int, size: int) -> str:
+    """The xxh3-64 of the first ``size`` bytes of ``fd``, as 16 hex characters."""
+    h = xxhash.xxh3_64()
+    offset = 0
+    while offset < size:
+        chunk = os.pread(fd, min(_READ_CHUNK, size - offset), offset)
+        if not chunk:
+            break
+        h.update(chunk)
+        offset += len(chunk)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class StoredShard:
+    """A shard file in ``shards/``: its digest, bytes and when it was last used."""
+
+    digest: str
+    size: int
+    used_at: float
+
+
+class ShardFiles:
+    """The ``shards/`` directory of ``cache_dir`` (created on first use)."""
+
+    def __init__(self, cache_dir: CacheDir) -> None:
+        self.cache_dir = cache_dir
+        self.path = cache_dir.path / SHARDS
+        self.fd = cache_dir.shards_fd()
+
+    def open_lock(self, digest: str) -> int:
+        """A descriptor of ``<digest>.lock`` (never truncated), for flock."""
+        return open_file(self.fd, f"{digest}.lock", os.O_RDWR | os.O_CREAT, self.path)
+
+    @contextlib.contextmanager
+    def budget_lock(self, timeout: float) -> Iterator[bool]:
+        """Hold ``budget.lock``: True when taken within ``timeout`` seconds."""
+        with flock(self.fd, "budget.lock", timeout, self.path) as got:
+            yield got
+
+    def record(self, digest: str) -> dict[str, Any] | None:
+        """The record of ``digest``; None when missing, unreadable or not fastload's."""
+        try:
+            with os.fdopen(open_file(self.fd, f"{digest}.json", os.O_RDONLY, self.path), "rb") as f:
+                record = json.loads(f.read(1 << 16))
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) and record.get("magic") == RECORD_MAGIC else None
+
+    def open_data(self, digest: str) -> int | None:
+        """A read descriptor of ``<digest>.data``; None when missing (or foreign)."""
+        try:
+            return open_file(self.fd, f"{digest}.data", os.O_RDONLY, self.path)
+        except OSError:
+            return None
+
+    def new_temp(self, size: int) -> tuple[str, int]:
+        """A new temporary file of ``size`` bytes (sparse) for a download: its name and a
+        read-write descriptor. It counts in :meth:`used` from now on."""
+        name = TEMP_PREFIX + secrets.token_hex(8)
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o666, dir_fd=self.fd)
+        try:
+            os.ftruncate(fd, size)
+        except BaseException:
+            os.close(fd)
+            self.remove_temp(name)
+            raise
+        return name, fd
+
+    def remove_temp(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=self.fd)
+
+    def publish(self, temp: str, digest: str, record: dict[str, Any]) -> None:
+        """Move the finished ``temp`` to ``<digest>.data``, then write its record (call with
+        the shard's lock held exclusively: a reader sees both or neither)."""
+        os.replace(temp, f"{digest}.data", src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        body = json.dumps({"magic": RECORD_MAGIC, **record}).encode()
+        name = write_temp(self.fd, [body])
+        os.replace(name, f"{digest}.json", src_dir_fd=self.fd, dst_dir_fd=self.fd)
+
+    def touch(self, digest: str) -> None:
+        """Mark ``digest`` used now (its record's mtime orders eviction, least recent first)."""
+        with contextlib.suppress(OSError):
+            os.utime(f"{digest}.json", dir_fd=self.fd, follow_symlinks=False)
+
+    def remove(self, digest: str) -> None:
+        """Delete the shard's data and record (call with its lock held exclusively)."""
+        for name in (f"{digest}.json", f"{digest}.data"):
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISREG(os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_mode):
+                    os.unlink(name, dir_fd=self.fd)
+
+    def stored(self) -> tuple[int, list[StoredShard]]:
+        """Bytes the shard files and downloads in progress take, and the finished shards."""
+        used, shards = 0, []
+        for name in listing(self.fd):
+            if not (name.endswith(".data") or name.startswith(TEMP_PREFIX)):
+                continue
+            try:
+                st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            used += st.st_size
+            if name.endswith(".data"):
+                digest = name[: -len(".data")]
+                try:
+                    used_at = os.stat(f"{digest}.json", dir_fd=self.fd, follow_symlinks=False).st_mtime
+                except FileNotFoundError:
+                    used_at = 0.0  # no record: not servable, the first to go
+                shards.append(StoredShard(digest, st.st_size, used_at))
+        return used, shards
+
+    def used(self) -> int:
+        """Bytes the shard files and downloads in progress take."""
+        return self.stored()[0]
+
+    def evict(self, need: int, budget: int, keep: str) -> tuple[int, int]:
+        """Delete least recently used shards no process holds until ``need`` more bytes fit
+        in ``budget`` (call under :meth:`budget_lock`); never ``keep``. Returns the bytes in
+        use after it and the shards deleted."""
+        used, shards = self.stored()
+        evicted = 0
+        for shard in sorted(shards, key=lambda s: s.used_at):
+            if used + need <= budget:
+                break
+            if shard.digest == keep:
+                continue
+            try:
+                fd = self.open_lock(shard.digest)
+            except OSError:
+                continue
+            try:
+                if not take_lock(fd, fcntl.LOCK_EX, 0):
+                    continue  # a process reads it or fills it: never evicted under a reader
+                self.remove(shard.digest)
+                used -= shard.size
+                evicted += 1
+            finally:
+                os.close(fd)  # releases the flock
+        return used, evicted
+
+    def clear(self) -> tuple[int, int]:
+        """Delete every shard no process holds and every download stale for an hour (a
+        crashed one); (shards deleted, bytes freed)."""
+        with self.budget_lock(30.0):
+            before = self.used()
+            _, evicted = self.evict(before + 1, 0, keep="")
+            for name in listing(self.fd):
+                if name.startswith(TEMP_PREFIX):
+                    with contextlib.suppress(OSError):
+                        if time.time() - os.stat(name, dir_fd=self.fd).st_mtime > 3600:
+                            self.remove_temp(name)
+            return evicted, before - self.used()

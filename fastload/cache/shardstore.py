@@ -1,0 +1,435 @@
+"""Whole shards in the cache directory, read by offset: the cache at shard granularity.
+
+NOTE [the shard store]
+A dataset packed into shards (tar, Parquet) reads many small ranges of few large objects. A
+range request per sample makes a remote epoch request-bound, so a :class:`ShardStore` keeps
+*whole shards* as files in the disk tier's directory (``shards/``, :mod:`.shardfiles`) and
+serves each sample with one ``pread`` of its (offset, length) there:
+
+* **Keyed by version.** A shard is a :class:`ShardRef`: URL, the version its index recorded
+  (ETag / mtime + size, NOTE [object versions]) and size. Its file is named by the digest of
+  URL + version, so a shard rewritten at the origin is a new file, never the old one served.
+  Before a download the origin's version is asked once (``info``); a shard that changed
+  since it was indexed raises :class:`ShardChangedError` instead of bytes of another version.
+* **Downloaded once per node**, with concurrent range requests (:mod:`.shardfetch`: parts
+  of 8 MiB, 8 in flight) into a temporary file, renamed into place when whole, then its
+  record (size, xxh3-64) written beside it. Each shard has a lock file: a process reading it
+  holds it shared (a *pin*), the one filling it exclusive, so the other processes of a node
+  wait for the download (``lock_timeout``) and then read the file; one that waits too long
+  gets :class:`ShardBusyError` and its caller reads its range from the origin instead.
+* **Validated as entries are**: a file whose size differs from its record and ref, or (the
+  first time a process opens it) whose checksum does not match, is deleted and downloaded
+  again, never served.
+* **A byte budget** (``CacheConfig.shard_budget``, else the disk tier's): before a download,
+  the least recently used shards that no process pins are deleted until it fits (under
+  ``budget.lock``; downloads in progress count from their start). A shard some process pins
+  is never evicted, and nothing fastload did not write is touched. A read that finds no room
+  downloads anyway (the epoch must go on, one warning); a download ahead of need
+  (:meth:`ShardStore.ensure` with ``must=False``) waits for room instead.
+* **Pins per process**: a process keeps at most ``keep_open`` shards pinned (the least
+  recently read one is released first), so a reader moving through the shards in order
+  frees the ones behind it for eviction: streaming from a store larger than the budget works.
+* **Shared across nodes** through the cache's shared tiers other than the disk (Redis): a
+  shard downloaded from the origin is published there whole under ``make_key(url,
+  version)`` when it is at most ``publish_max`` bytes (the Redis tier chunks it and checks
+  it), and a node that misses locally looks there before the origin.
+
+Example::
+
+    >>> store = open_shard_store(open_cache("/nvme/fastload"))
+    >>> ref = ShardRef("s3://b/train-000000.tar", "b/train-000000.tar", '104857600:"9a.."', 104857600)
+    >>> store.read(fs, ref, offset=1536, length=110_000)    # downloads the shard, then preads
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from fastload.cache.cachedir import CacheDir
+from fastload.cache.config import parse_size
+from fastload.cache.forks import after_fork
+from fastload.cache.keys import digest
+from fastload.cache.safefs import take_lock
+from fastload.cache.shardfetch import download_ranges
+from fastload.cache.shardfiles import ShardFiles, file_checksum
+from fastload.cache.shardsource import (
+    ShardChangedError,
+    ShardRef,
+    check_version,
+    from_shared,
+    publish,
+)
+from fastload.cache.tier import Tier
+from fastload.errors import CacheError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ShardBusyError", "ShardChangedError", "ShardRef", "ShardStore", "open_shard_store",
+]
+
+PUBLISH_MAX = 256 << 20
+"""Largest shard published whole to a shared tier (Redis) by default."""
+
+
+class ShardBusyError(CacheError):
+    """Another process held a shard's lock past the timeout; read from the origin instead."""
+
+
+class _Pin:
+    """A shard this process holds: its lock (shared) and its data file's descriptor.
+
+    Reads count themselves in and out (``users``): a pin released while a thread reads it
+    closes its descriptors after that read, never under it (a reused descriptor number
+    would read another file)."""
+
+    def __init__(self, lock_fd: int, data_fd: int) -> None:
+        self.lock_fd, self.data_fd = lock_fd, data_fd
+        self.users = 0
+        self.retired = False
+
+    def close(self) -> None:
+        for fd in (self.data_fd, self.lock_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class ShardStore:
+    """Whole shards below ``directory``/shards, at most ``budget`` bytes (NOTE [the shard store]).
+
+    Args:
+        directory: a fastload cache directory (the disk tier's).
+        budget: bytes of shard files; a size such as ``"200GB"``.
+        shared: tiers other nodes see (Redis), where shards are published and looked up.
+        keep_open: shards this process pins at most (a reader's window of shards, plus one).
+        lock_timeout: seconds to wait for another process filling or holding a shard.
+        publish_max: largest shard published to ``shared`` tiers, in bytes.
+
+    Attributes:
+        downloads, requests, from_shared, evicted: this process's counts (shards fetched
+            from the origin, range requests made, shards copied from a shared tier, shards
+            it evicted).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        budget: int | str,
+        shared: list[Tier] | None = None,
+        keep_open: int = 8,
+        lock_timeout: float = 60.0,
+        publish_max: int = PUBLISH_MAX,
+    ) -> None:
+        self.directory = Path(directory)
+        self.budget = parse_size(budget, name="shard_budget")
+        self.shared = list(shared or [])
+        self.keep_open = max(1, int(keep_open))
+        self.lock_timeout = float(lock_timeout)
+        self.publish_max = int(publish_max)
+        self.downloads = self.requests = self.from_shared = self.evicted = 0
+        self._files: ShardFiles | None = None
+        self._setup()
+        after_fork(self, ShardStore._after_fork)  # NOTE [locks across fork]
+
+    def _after_fork(self) -> None:
+        """In a forked child: close the parent's pins (the parent's own descriptors keep its
+        locks) so that they go when the parent lets go of them, and pin anew."""
+        for pin in self._pins.values():
+            pin.close()
+        self._setup()
+
+    def _setup(self) -> None:
+        self._mutex = threading.Lock()
+        self._pins: collections.OrderedDict[str, _Pin] = collections.OrderedDict()
+        self._opening: dict[str, threading.Lock] = {}
+        self._verified: set[str] = set()
+        self._held_damaged: set[str] = set()
+        self._warned = False
+        self._files = None  # a forked child opens its own descriptors
+
+    def __reduce__(self):
+        return (_reopen, (str(self.directory), self.budget, self.shared, self.keep_open,
+                          self.lock_timeout, self.publish_max))
+
+    def __repr__(self) -> str:
+        return f"ShardStore({str(self.directory)!r}, budget={self.budget} bytes)"
+
+    @property
+    def files(self) -> ShardFiles:
+        """The ``shards/`` directory (:mod:`.shardfiles`), opened in this process."""
+        if self._files is None:
+            self._files = ShardFiles(CacheDir(self.directory, create=False))
+        return self._files
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read(self, fs: Any, ref: ShardRef, offset: int, length: int) -> bytes:
+        """Bytes ``[offset, offset + length)`` of the shard, from its local file (downloaded
+        first if needed). Raises :class:`ShardBusyError`, :class:`ShardChangedError` or the
+        download's error."""
+        pin = self._pin(fs, ref, use=True)
+        try:
+            data = os.pread(pin.data_fd, length, offset)
+        finally:
+            self._done(pin)
+        if len(data) != length:
+            raise OSError(f"{ref.url}: {len(data)} of {length} bytes at {offset} in its local copy "
+                          f"{self.files.path} (the range lies past the shard's end)")
+        return data
+
+    def local_path(self, fs: Any, ref: ShardRef) -> Path:
+        """The local file of the shard (downloaded if needed), pinned while this store keeps
+        it open (the ``keep_open`` most recently read): for readers that open it themselves."""
+        self._pin(fs, ref)
+        return self.files.path / f"{digest(ref.key)}.data"
+
+    def ensure(self, fs: Any, ref: ShardRef, *, must: bool = False) -> str:
+        """Make sure the shard is in the store without pinning it (a download ahead of need).
+
+        Returns "hit", "fetched", "shared" (copied from a shared tier) or "no room" (the
+        budget is taken by shards in use and ``must`` is False: nothing was downloaded)."""
+        d = digest(ref.key)
+        with self._mutex:
+            gate = self._opening.setdefault(d, threading.Lock())
+        with gate:  # after a reader of this process that opens it, if one does
+            with self._mutex:
+                if d in self._pins:
+                    return "hit"
+            lock_fd = self.files.open_lock(d)
+            try:
+                # Shared first: a shard other readers hold is there; a download of another
+                # process is waited for. Then exclusive, briefly: whoever holds it fills or reads it.
+                if not take_lock(lock_fd, fcntl.LOCK_SH, self.lock_timeout):
+                    return "hit"  # filled elsewhere for too long: its reader sees to it
+                for exclusive in (False, True):
+                    data_fd, _ = self._valid(d, ref)
+                    if data_fd is not None:
+                        os.close(data_fd)
+                        return "hit"
+                    if not exclusive:
+                        fcntl.flock(lock_fd, fcntl.LOCK_UN)
+                        if not take_lock(lock_fd, fcntl.LOCK_EX, min(1.0, self.lock_timeout)):
+                            return "hit"
+                return self._fill(fs, ref, d, must=must)
+            finally:
+                os.close(lock_fd)
+
+    def release_all(self) -> None:
+        """Unpin every shard this process holds (they may be evicted from now on)."""
+        with self._mutex:
+            pins, self._pins = list(self._pins.values()), collections.OrderedDict()
+            for pin in pins:
+                self._retire(pin)
+
+    close = release_all
+
+    def _pin(self, fs: Any, ref: ShardRef, *, use: bool = False) -> _Pin:
+        d = digest(ref.key)
+        with self._mutex:
+            pin = self._pins.get(d)
+            if pin is not None:
+                self._pins.move_to_end(d)
+                pin.users += use
+                return pin
+            gate = self._opening.setdefault(d, threading.Lock())
+        with gate:  # threads of this process open a shard once
+            with self._mutex:
+                pin = self._pins.get(d)
+                if pin is not None:
+                    pin.users += use
+                    return pin
+            pin = self._open(fs, ref, d)
+            with self._mutex:
+                self._pins[d] = pin
+                pin.users += use
+                while len(self._pins) > self.keep_open:
+                    self._retire(self._pins.popitem(last=False)[1])
+        return pin
+
+    def _done(self, pin: _Pin) -> None:
+        with self._mutex:
+            pin.users -= 1
+            if pin.retired and pin.users == 0:
+                pin.close()
+
+    def _retire(self, pin: _Pin) -> None:
+        """Release a pin (call with the mutex held): now, or after the reads in progress."""
+        pin.retired = True
+        if pin.users == 0:
+            pin.close()
+
+    def _release_oldest(self) -> bool:
+        """Release this process's least recently read pin; False when it holds none."""
+        with self._mutex:
+            if not self._pins:
+                return False
+            self._retire(self._pins.popitem(last=False)[1])
+            return True
+
+    def _open(self, fs: Any, ref: ShardRef, d: str) -> _Pin:
+        if d in self._held_damaged:
+            raise ShardBusyError(f"the local copy of {ref.url} is damaged and held by another "
+                                 "process; reading its ranges from the origin")
+        files = self.files
+        lock_fd = files.open_lock(d)
+        try:
+            for _ in range(3):
+                if not take_lock(lock_fd, fcntl.LOCK_SH, self.lock_timeout):
+                    raise self._busy(ref, f"held by another process for over {self.lock_timeout:g} "
+                                          "s (lock_timeout)")
+                data_fd, problem = self._valid(d, ref)
+                if data_fd is not None:
+                    files.touch(d)
+                    return _Pin(lock_fd, data_fd)
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
+                # Missing: another process may be downloading it, wait for it. Damaged: the
+                # processes that read it do not let go soon; the origin serves this one.
+                wait = self.lock_timeout if problem is None else min(self.lock_timeout, 1.0)
+                if not take_lock(lock_fd, fcntl.LOCK_EX, wait):
+                    if problem is None:
+                        raise self._busy(ref, f"held by another process for over "
+                                              f"{self.lock_timeout:g} s (lock_timeout)")
+                    self._held_damaged.add(d)
+                    raise self._busy(ref, f"damaged ({problem}) and still read by another process")
+                data_fd, problem = self._valid(d, ref)
+                if data_fd is None:
+                    if problem is not None:
+                        logger.warning("the local copy of %s (%s) is not served: %s; it is "
+                                       "downloaded again", ref.url, files.path / f"{d}.data", problem)
+                    self._fill(fs, ref, d, must=True)
+                else:
+                    os.close(data_fd)
+                fcntl.flock(lock_fd, fcntl.LOCK_SH)  # downgrade, then look again
+            raise self._busy(ref, "evicted three times while it was opened")
+        except BaseException:
+            os.close(lock_fd)
+            raise
+
+    def _busy(self, ref: ShardRef, why: str) -> ShardBusyError:
+        error = ShardBusyError(f"the local copy of {ref.url} in {self.files.path} was {why}; "
+                               "its samples are read by range from the origin")
+        logger.warning("%s", error)
+        return error
+
+    def _valid(self, d: str, ref: ShardRef) -> tuple[int | None, str | None]:
+        """A descriptor of the shard's file if it is whole and checks out (call with its lock
+        held), else None and why (None: there is no file)."""
+        files = self.files
+        record = files.record(d)
+        data_fd = files.open_data(d)
+        if data_fd is None:
+            return None, None
+        problem = None
+        size = os.fstat(data_fd).st_size
+        if record is None:
+            problem = "it has no record"
+        elif record.get("key") != ref.key:
+            problem = "its record names another shard"
+        elif not size == record.get("size") == ref.size:
+            problem = f"it holds {size} bytes, its record {record.get('size')}, the index {ref.size}"
+        elif d not in self._verified and file_checksum(data_fd, size) != record.get("xxh3"):
+            problem = "its checksum does not match its record (a damaged file)"
+        if problem is None:
+            self._verified.add(d)
+            return data_fd, None
+        os.close(data_fd)
+        return None, problem  # the caller removes it under its exclusive lock, then downloads
+
+    # -- filling ---------------------------------------------------------------------------
+
+    def _fill(self, fs: Any, ref: ShardRef, d: str, *, must: bool) -> str:
+        """Download the shard into the store (its lock held exclusively); what happened."""
+        files = self.files
+        files.remove(d)  # a damaged copy, if any
+        if not self._make_room(ref, d, must=must):
+            return "no room"
+        temp, fd = files.new_temp(ref.size)
+        try:
+            source = from_shared(self.shared, ref, fd)
+            requests = 0
+            if source is None:
+                check_version(fs, ref)
+                requests = download_ranges(fs, ref.path, ref.size, fd)
+                source = "fetched"
+            with self._mutex:
+                self.requests += requests
+                self.downloads += source == "fetched"
+                self.from_shared += source == "shared"
+            checksum = file_checksum(fd, ref.size)
+            files.publish(temp, d, {"key": ref.key, "url": ref.url, "size": ref.size,
+                                    "xxh3": checksum})
+            self._verified.add(d)
+            if source == "fetched" and ref.size <= self.publish_max:
+                publish(self.shared, ref, fd)
+            return source
+        except BaseException:
+            files.remove_temp(temp)
+            raise
+        finally:
+            os.close(fd)
+
+    def _make_room(self, ref: ShardRef, d: str, *, must: bool) -> bool:
+        files = self.files
+        with files.budget_lock(self.lock_timeout) as got:
+            if not got:
+                return must
+            used, evicted = files.evict(ref.size, self.budget, keep=d)
+            # A read that needs room first lets go of this process's own older shards.
+            while must and used + ref.size > self.budget and self._release_oldest():
+                used, more = files.evict(ref.size, self.budget, keep=d)
+                evicted += more
+            with self._mutex:
+                self.evicted += evicted
+            if used + ref.size <= self.budget:
+                return True
+            if must and not self._warned:
+                self._warned = True
+                logger.warning(
+                    "shard budget of %d bytes in %s is taken by %d bytes of shards in use; %s "
+                    "(%d bytes) is downloaded beyond it. Raise shard_budget to at least a few "
+                    "shards per reading process, or lower shuffle_window",
+                    self.budget, files.path, used, ref.url, ref.size)
+            return must
+
+
+def _reopen(directory: str, budget: int, shared: list[Tier], keep_open: int,
+            lock_timeout: float, publish_max: int) -> ShardStore:
+    return ShardStore(directory, budget=budget, shared=shared, keep_open=keep_open,
+                      lock_timeout=lock_timeout, publish_max=publish_max)
+
+
+def open_shard_store(cache: Any, *, keep_open: int = 8) -> ShardStore | None:
+    """The shard store of a :class:`~fastload.cache.tiered.TieredCache`: in its disk tier's
+    directory, budget ``config.shard_budget`` (else the disk tier's), its other shared tiers
+    (Redis) shared; None without a writable disk tier (readers then cache ranges as entries).
+
+    Example::
+
+        >>> store = open_shard_store(open_cache({"disk": "/nvme/fastload", "shard_budget": "2TB"}))
+    """
+    from fastload.cache.disk import DiskTier
+
+    disks = [t for t in getattr(cache, "tiers", []) if isinstance(t, DiskTier)]
+    if not disks or disks[0].read_only is not None:
+        return None
+    disk = disks[0]
+    config = cache.config
+    budget = config.shard_budget if config.shard_budget is not None else disk.budget
+    shared = [t for t in cache.tiers if t.shared and t is not disk]
+    try:
+        store = ShardStore(disk.directory, budget=budget, shared=shared, keep_open=keep_open,
+                           lock_timeout=config.lock_timeout)
+        store.files  # noqa: B018 - shards/ made now: a directory that refuses it fails open here
+        return store
+    except (OSError, CacheError) as exc:  # NOTE [a cache fails open]
+        logger.warning("no shard store in %s (%s); shards are read by range from the origin",
+                       disk.directory, exc)
+        return None

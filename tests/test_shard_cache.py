@@ -1,0 +1,239 @@
+"""The cache at shard granularity (NOTE [the shard store]): TarShards from moto's S3 server
+with a disk cache reads whole shards with few large requests (counted on the server), serves
+every engine from the local copies, downloads a shard once per node, streams through a budget
+smaller than the dataset, never serves a damaged or stale shard, and shares shards through a
+real Redis between two cache directories."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastload import DataLoader, TarShards
+from fastload.errors import ConfigError, UnreadableSampleError
+from tests.fixtures.s3 import upload_folder
+from tests.test_shards import write_shards
+
+pytestmark = pytest.mark.timeout(300)
+
+BUCKET = "fastload-shardcache"
+
+
+@pytest.fixture(scope="module")
+def local_shards(jpeg_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("shardcache")
+    write_shards(jpeg_root, out)  # 48 images: 5 shards of 10, 10, 10, 10, 8 samples
+    return out
+
+
+@pytest.fixture(scope="module")
+def remote(s3_options, local_shards) -> list[str]:
+    root = upload_folder(s3_options, local_shards, f"s3://{BUCKET}/train")
+    return [f"{root}/{p.name}" for p in sorted(local_shards.glob("*.tar"))]
+
+
+def _paths(urls: list[str]) -> list[str]:
+    return [u.removeprefix("s3://") for u in urls]
+
+
+def shard_gets(server, urls: list[str]) -> list[int]:
+    return [server.count("GET", p) for p in _paths(urls)]
+
+
+def batches(ds: TarShards, backend: str, **kw) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    workers = 2 if backend == "torch" else 0
+    loader = DataLoader(ds, batch_size=8, shuffle=True, backend=backend, num_workers=workers, **kw)
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def same(a, b) -> bool:
+    return len(a) == len(b) and all(torch.equal(xa, xb) and torch.equal(ya, yb)
+                                    for (xa, ya), (xb, yb) in zip(a, b))
+
+
+def remote_ds(remote, s3_options, cache, **kw) -> TarShards:
+    return TarShards(remote, size=32, train=True, seed=5, cache=cache,
+                     storage_options=s3_options, **kw)
+
+
+def local_ds(local_shards: Path) -> TarShards:
+    return TarShards(sorted(str(p) for p in local_shards.glob("*.tar")), size=32, train=True, seed=5)
+
+
+def test_a_cold_epoch_reads_each_shard_whole_once_and_equals_the_local_run(
+        remote, s3_options, s3_server, local_shards, tmp_path):
+    ds = remote_ds(remote, s3_options, {"disk": str(tmp_path / "cache")})
+    assert ds.shard_store is not None
+    s3_server.reset_counts()
+    cold = batches(ds, "threads")
+    assert shard_gets(s3_server, remote) == [1] * len(remote)  # one range request a shard
+    assert same(cold, batches(local_ds(local_shards), "threads"))
+    s3_server.reset_counts()
+    assert same(batches(ds, "threads"), cold)  # warm: no request at all
+    assert shard_gets(s3_server, remote) == [0] * len(remote)
+    files = sorted(p.name for p in (tmp_path / "cache" / "shards").iterdir())
+    assert sum(n.endswith(".data") for n in files) == len(remote)
+
+
+@pytest.mark.parametrize("backend", ["torch", "dali"])
+def test_every_engine_is_served_from_the_local_shards(
+        backend, remote, s3_options, s3_server, local_shards, tmp_path):
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
+    ds = remote_ds(remote, s3_options, {"disk": str(tmp_path / "cache")})
+    s3_server.reset_counts()
+    got = batches(ds, backend)
+    assert shard_gets(s3_server, remote) == [1] * len(remote)  # workers share the node's copy
+    assert same(got, batches(local_ds(local_shards), backend))
+
+
+def _read_all(urls, options, cache, out):
+    ds = TarShards(urls, size=32, cache=cache, storage_options=options)
+    data = [ds.read_bytes(i) for i in range(len(ds))]
+    out.put((sum(len(d) for d in data), ds.shard_store.downloads))
+
+
+def test_two_processes_on_a_node_download_each_shard_once(remote, s3_options, s3_server, tmp_path):
+    cache = {"disk": str(tmp_path / "cache")}
+    remote_ds(remote, s3_options, cache)  # the index, stored for both
+    s3_server.reset_counts()
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_read_all, args=(remote, s3_options, cache, out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=240) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert results[0][0] == results[1][0] > 0
+    assert sum(r[1] for r in results) == len(remote)
+    assert shard_gets(s3_server, remote) == [1] * len(remote)
+
+
+def test_a_budget_smaller_than_the_dataset_streams_through(remote, s3_options, tmp_path):
+    sizes = [int(v.split(":")[0]) for v in remote_ds(remote, s3_options, None).index.versions]
+    budget = 3 * max(sizes)  # 3 of 5 shards
+    ds = remote_ds(remote, s3_options, {"disk": str(tmp_path / "cache"), "shard_budget": budget},
+                   shuffle_window=1)
+    store = ds.shard_store
+    labels = []
+    for _, y in DataLoader(ds, batch_size=4, shuffle=True, backend="threads"):
+        labels += y.tolist()
+        assert store.files.used() <= budget
+    assert sorted(labels) == sorted(ds.targets.tolist())
+    assert store.evicted >= 2
+
+
+def test_a_budget_below_the_shuffle_window_is_refused(remote, s3_options, tmp_path):
+    with pytest.raises(ConfigError, match=r"Raise the cache's shard_budget .* or lower shuffle_window"):
+        remote_ds(remote, s3_options, {"disk": str(tmp_path / "c"), "shard_budget": 1000})
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "flip while read"])
+def test_a_damaged_local_shard_is_downloaded_again_never_served(
+        damage, remote, s3_options, s3_server, local_shards, tmp_path):
+    cache = {"disk": str(tmp_path / "cache")}
+    ds = remote_ds(remote, s3_options, cache)
+    expected = [ds.read_bytes(i) for i in range(len(ds))]
+    if damage != "flip while read":
+        ds.shard_store.release_all()  # as a process that ended
+    for f in (tmp_path / "cache" / "shards").glob("*.data"):
+        with open(f, "r+b") as fh:
+            if damage == "truncate":  # the others flip a byte
+                fh.truncate(os.path.getsize(f) // 2)
+            else:
+                fh.seek(700)
+                byte = fh.read(1)
+                fh.seek(700)
+                fh.write(bytes([byte[0] ^ 0xFF]))
+    s3_server.reset_counts()
+    again = remote_ds(remote, s3_options, cache)  # a new process's store: checks each file
+    assert [again.read_bytes(i) for i in range(len(again))] == expected
+    if damage == "flip while read":  # the first store still reads its copies: ranges instead
+        assert again.shard_store.downloads == 0
+    else:
+        assert shard_gets(s3_server, remote) == [1] * len(remote)
+
+
+def test_a_shard_changed_at_the_origin_is_not_served_stale(
+        remote, s3_options, s3_server, local_shards, tmp_path):
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3_options)
+    copy = [u.replace("/train/", "/changing/") for u in remote]
+    for src, dst in zip(remote, copy):
+        fs.copy(src.removeprefix("s3://"), dst.removeprefix("s3://"))
+    cache = {"disk": str(tmp_path / "cache")}
+    old = remote_ds(copy, s3_options, cache, listing_max_age=0)
+    first = old.read_bytes(0)  # shard 0 is now local, at its old version
+    stale = remote_ds(copy, s3_options, {"disk": str(tmp_path / "cold")}, listing_max_age=0)
+    fs.pipe_file(copy[0].removeprefix("s3://"), fs.cat_file(copy[1].removeprefix("s3://")))
+    with pytest.raises(UnreadableSampleError, match="changed at the origin"):
+        stale.read_bytes(0)  # indexed before the change, downloaded after: refused
+    new = remote_ds(copy, s3_options, cache, listing_max_age=0)
+    shard1 = local_ds(local_shards)
+    assert new.read_bytes(0) == shard1.read_bytes(10) != first  # the new bytes, not the copy
+
+
+def test_redis_shares_shards_between_two_nodes(remote, s3_options, s3_server, redis_url, tmp_path):
+    node_a = remote_ds(remote, s3_options, {"disk": str(tmp_path / "a"), "redis": redis_url})
+    s3_server.reset_counts()
+    expected = [node_a.read_bytes(i) for i in range(len(node_a))]
+    assert shard_gets(s3_server, remote) == [1] * len(remote)
+    node_b = remote_ds(remote, s3_options, {"disk": str(tmp_path / "b"), "redis": redis_url})
+    assert [node_b.read_bytes(i) for i in range(len(node_b))] == expected
+    assert shard_gets(s3_server, remote) == [1] * len(remote)  # node b asked Redis only
+    assert node_b.shard_store.from_shared == len(remote) and node_b.shard_store.downloads == 0
+
+
+def test_verify_and_clear_know_the_shards_directory(remote, s3_options, tmp_path):
+    from fastload.cache.disk import DiskTier
+
+    ds = remote_ds(remote, s3_options, {"disk": str(tmp_path / "cache")})
+    ds.read_bytes(0)
+    ds.read_bytes(10)
+    (tmp_path / "cache" / "shards" / "notes.txt").write_text("mine")
+    tier = DiskTier(tmp_path / "cache")
+    assert [Path(p).name for p, _ in tier.verify().foreign] == ["notes.txt"]
+    ds.shard_store.release_all()
+    ds.read_bytes(20)  # still read: clear leaves it
+    report = tier.clear()
+    assert report.entries >= 2 and [Path(p).name for p, _ in report.foreign] == ["notes.txt"]
+    left = sorted(p.name for p in (tmp_path / "cache" / "shards").glob("*.data"))
+    assert len(left) == 1 and ds.read_bytes(20)
+
+
+def _wait_for(condition, what: str, timeout: float = 120.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_shards_are_downloaded_ahead_in_the_epoch_order_within_the_budget(
+        remote, s3_options, s3_server, tmp_path):
+    largest = max(int(v.split(":")[0]) for v in remote_ds(remote, s3_options, None).index.versions)
+    budget = 3 * largest  # room for 3 of the 5 shards: the reader's and 2 ahead
+    ds = remote_ds(remote, s3_options, {"disk": str(tmp_path / "cache"), "shard_budget": budget},
+                   shuffle_window=1)
+    order = ds.epoch_order.permutation(5, 1, shuffle=True, num_replicas=1)
+    s3_server.reset_counts()
+    ahead = ds.follow_epoch(order)
+    try:
+        assert ahead.ahead == 2
+        _wait_for(lambda: ahead.fetched == 3, "3 shards ahead")
+        first = [int(s) for s in dict.fromkeys(ds.index.shards[order].tolist())]
+        fetched = [i for i, n in enumerate(shard_gets(s3_server, remote)) if n]
+        assert sorted(fetched) == sorted(first[:3])  # the next ones in the order, no others
+        ahead.advance(len(order))  # the reader is at the end: the rest come, evicting the first
+        _wait_for(lambda: ahead.fetched == len(remote), "every shard")
+    finally:
+        ahead.stop()
+    assert ds.shard_store.files.used() <= budget and ds.shard_store.evicted == 2
