@@ -23,7 +23,9 @@ Columns:
               fastload's compiled rest (``compiled.apply_rest``) / torchvision's steps on a PIL
               image (as its ImageFolder runs them)
 
-Each loader is built and warmed up one epoch, then timed --repeats epochs (median). Batches
+Each loader is built and warmed up one epoch, then timed --repeats epochs (median); each
+recipe's last line gives the cores each loader kept busy over those epochs (CPU seconds of the
+process and its workers / wall seconds): on a quiet machine, how well it uses the cores. Batches
 of 64, shuffled. The set is engine_throughput.py's (--set imagenet or photos).
 
     python benchmarks/recipes.py --quick          # smoke run, not a measurement
@@ -42,6 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import torch.utils.data
 import torchvision
@@ -86,18 +89,33 @@ def loaders(root: Path, t: Any, batch: int, workers: int) -> dict[str, Any]:
             "fastload": fastload.DataLoader(ds, batch_size=batch, shuffle=True)}
 
 
-def epochs(loader: Any, repeats: int) -> float | None:
-    """Median images/s over ``repeats`` epochs after a warm-up; None if the loader cannot run."""
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and its live children (torch's persistent workers)."""
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return total
+
+
+def epochs(loader: Any, repeats: int) -> tuple[float, float] | None:
+    """Median images/s over ``repeats`` epochs after a warm-up, and the cores the loader kept
+    busy meanwhile (CPU seconds / wall seconds); None if the loader cannot run."""
     try:
         timed_epoch(loader)
     except Exception as exc:  # noqa: BLE001 - timm's PIL-only steps given a tensor fail in many ways
         print(f"    n/a: {type(exc).__name__}: {exc}"[:160], file=sys.stderr)
         return None
-    rates = []
+    rates, cpu, wall = [], 0.0, 0.0
     for _ in range(repeats):
+        before = _cpu_seconds()
         n, seconds = timed_epoch(loader)
+        cpu, wall = cpu + _cpu_seconds() - before, wall + seconds
         rates.append(n / seconds)
-    return statistics.median(rates)
+    return statistics.median(rates), cpu / wall
 
 
 def augment_us(root: Path, t: Any, samples: int) -> tuple[float, float]:
@@ -153,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and name not in args.only:
             continue
         made = loaders(root, t, args.batch_size, args.workers)
-        rates = {key: epochs(loader, repeats) for key, loader in made.items()}
+        measured = {key: epochs(loader, repeats) for key, loader in made.items()}
+        rates = {key: m[0] if m else None for key, m in measured.items()}
+        cores = {key: m[1] for key, m in measured.items() if m}
         ours = made["fastload"]
         engine, reason = ours.backend, ours.backend_reason
         for loader in made.values():
@@ -161,12 +181,14 @@ def main(argv: list[str] | None = None) -> int:
         made.clear()
         gc.collect()
         aug = augment_us(root, t, 32 if args.quick else 400)
-        report["rows"][name] = {"images_per_s": rates, "augment_us": aug, "engine": engine, "reason": reason}
+        report["rows"][name] = {"images_per_s": rates, "cores": cores, "augment_us": aug, "engine": engine,
+                                "reason": reason}
         fl, pil, ten = rates["fastload"], rates["tv-pil"], rates["tv-tensor"]
         print(f"  {name:<10} {fmt(pil)} {fmt(ten):>9} {fmt(fl)} {ratio(fl, pil)} {ratio(fl, ten):>8}"
               f"  {aug[0]:8.0f}/{aug[1]:<9.0f}  {engine}")
     for name, row in report["rows"].items():
-        print(f"{name}: backend_reason = {row['reason']!r}")
+        busy = ", ".join(f"{key} {value:.2f}" for key, value in row["cores"].items())
+        print(f"{name}: cores kept busy: {busy}; backend_reason = {row['reason']!r}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     return 0
