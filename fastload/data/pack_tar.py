@@ -25,7 +25,7 @@ import errno
 import os
 import tarfile
 
-from fastload.errors import StorageError
+from fastload.errors import ConfigError, StorageError
 from fastload.io.errors import describe
 
 __all__ = ["MTIME", "ShardFile", "member_header"]
@@ -73,8 +73,8 @@ class ShardFile:
     """A tar file being written at local ``path``, member by member (NOTE [pack's tar bytes]).
 
     :meth:`add` appends a member from bytes, :meth:`add_file` one from an open file (copied by
-    ``os.copy_file_range``, else ``os.sendfile``, else through memory); small pieces are
-    gathered into one write. :attr:`offset` is the tar's length so far. :meth:`finish` ends
+    ``os.copy_file_range``, else ``os.sendfile``, else through memory; ``copy`` picks where
+    to start, for tests); small pieces are gathered into one write. :attr:`offset` is the tar's length so far. :meth:`finish` ends
     it; :meth:`discard` removes it. A failed write raises
     :class:`~fastload.errors.StorageError` naming ``path``. Example::
 
@@ -83,13 +83,19 @@ class ShardFile:
         1024
     """
 
-    def __init__(self, path: str, *, shown_as: str | None = None):
+    COPIES = ("copy_file_range", "sendfile", "memory")
+    """How :meth:`add_file` can copy, best first; each falls back to the next where the
+    system cannot copy between the two files that way."""
+
+    def __init__(self, path: str, *, shown_as: str | None = None, copy: str | None = None):
+        if copy is not None and copy not in self.COPIES:
+            raise ConfigError(f"copy={copy!r}: expected one of {self.COPIES}")
         self.path = path
         self.shown_as = shown_as or path
         """The shard's name in error messages (its final URL, not the temporary file)."""
         self.offset = 0
         self._pending = bytearray()
-        self._copy = "copy_file_range" if hasattr(os, "copy_file_range") else "sendfile"
+        self._copy = copy or next(c for c in self.COPIES if c == "memory" or hasattr(os, c))
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0)
         try:
             self._fd = os.open(path, flags, 0o644)
