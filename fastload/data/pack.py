@@ -9,13 +9,14 @@ with its label as decimal text. With ``transcode`` (a :class:`~fastload.data.tra
 the transcoded cache tier's re-encoding) an image whose longer side is over ``max_side`` is
 written re-encoded instead, as ``<key>.jpg`` (it is a JPEG then); smaller ones keep their
 bytes and extension, and one that does not decode keeps its bytes (logged, counted in the
-report: it fails in the pipeline as it would unpacked). The tars are plain POSIX (pax) tar files, as webdataset's
-own ``TarWriter`` makes them. Beside each shard is its DALI index (``x.idx``, ``wds2idx``'s
-v1.2 format, for DALI's reader's ``index_paths``: tests/test_dali_shards.py reads with it;
-:class:`~fastload.TarShards` then reads no headers), and in ``dst`` a ``shards.json`` in
-wids' shard-index format (``__kind__: wids-shard-index-v1``, ``shardlist`` of
-``url``/``nsamples``) with fastload's own fields under ``"fastload"``: the classes, the
-source, and each finished shard's sample range.
+report: it fails in the pipeline as it would unpacked). The tars are plain POSIX (pax) tar
+files, byte for byte what ``tarfile`` (and so webdataset's own ``TarWriter``) makes of them.
+Beside each shard is its DALI index (``x.idx``, ``wds2idx``'s v1.2 format, for DALI's
+reader's ``index_paths``: tests/test_dali_shards.py reads with it; :class:`~fastload.TarShards`
+then reads no headers), and in ``dst`` a ``shards.json`` in wids' shard-index format
+(``__kind__: wids-shard-index-v1``, ``shardlist`` of ``url``/``nsamples``) with fastload's
+own fields under ``"fastload"``: the classes, the source, and each finished shard's sample
+range.
 
 A shard is streamed to a file as its samples come (NOTE [pack's tar bytes] in
 :mod:`fastload.data.pack_tar`): a local ``dst`` gets it under a temporary name beside its
@@ -23,7 +24,7 @@ final one, fsynced and renamed when it is whole; a remote one gets a local spool
 temporary directory, uploaded whole (object stores make it visible at close) and removed.
 The data of a local source file is copied by the kernel (``copy_file_range``) without
 entering Python; other sources are read ahead by a thread pool within a memory budget
-(:mod:`fastload.data.pack_read`). That finishing (fsync and rename, or upload; the ``.idx``;
+(:mod:`fastload.data.pack_read`). Finishing a shard (fsync and rename, or upload; its ``.idx``;
 ``shards.json`` rewritten) runs in a helper thread while the next shard is written. A
 second run with the same arguments continues after the last shard ``shards.json`` recorded
 (a shard whose file is missing or of another size is written again). So a pack interrupted
@@ -99,14 +100,16 @@ def _keys(source: ImageFolder) -> Callable[[str], tuple[str, str]]:
     root = source.storage.root if source.index.prefix else ""
 
     def key_of(path: str) -> tuple[str, str]:
-        relative = path[len(root):].lstrip("/") if root and path.startswith(root) else path.lstrip("/")
+        inside = root and path.startswith(root)
+        relative = (path[len(root):] if inside else path).lstrip("/")
         stem, dot, ext = relative.rpartition(".")
         return (stem or relative).replace(".", "_"), (ext.lower() if dot else "jpg")
 
     return key_of
 
 
-def _samples(source: ImageFolder, indices: range, transcode: Transcode | None) -> Generator[Sample, None, None]:
+def _samples(source: ImageFolder, indices: range,
+             transcode: Transcode | None) -> Generator[Sample, None, None]:
     """The source's samples for the writer: open local files to copy where the bytes go
     through unchanged (NOTE [what pack writes]), else their bytes read ahead."""
     plain = type(source).read_bytes is ImageFolder.read_bytes  # a subclass may alter bytes
@@ -291,7 +294,8 @@ class _Publisher:
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="fastload-pack-publish")
         self.finishing: Future[dict[str, Any]] | None = None
 
-    def publish(self, shard: ShardFile, name: str, rows: list[Any], first: int) -> dict[str, Any] | None:
+    def publish(self, shard: ShardFile, name: str, rows: list[Any],
+                first: int) -> dict[str, Any] | None:
         """Hand ``shard`` over once the previous one is finished; returns that one's entry
         (None at the first), or raises its error."""
         try:
@@ -311,7 +315,8 @@ class _Publisher:
         self.pool.shutdown(wait=True)
 
 
-def _manifest_writer(classes: Sequence[str], plan: dict[str, Any]) -> Callable[[list[dict[str, Any]]], str]:
+def _manifest_writer(classes: Sequence[str],
+                     plan: dict[str, Any]) -> Callable[[list[dict[str, Any]]], str]:
     def manifest(shards: list[dict[str, Any]]) -> str:
         return json.dumps({
             "__kind__": "wids-shard-index-v1",

@@ -120,7 +120,8 @@ def open_files(source: ImageFolder, indices: range) -> Generator[Sample, None, N
                 os.close(fd)
 
 
-def read_ahead(source: ImageFolder, indices: range, transcode: Transcode | None) -> Generator[Sample, None, None]:
+def read_ahead(source: ImageFolder, indices: range,
+               transcode: Transcode | None) -> Generator[Sample, None, None]:
     """The samples of ``source`` with their bytes (re-encoded by ``transcode`` where it makes
     them smaller), read by a thread pool ahead of the caller, in ``indices``' order."""
 

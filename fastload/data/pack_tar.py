@@ -47,7 +47,7 @@ _AFTER_CHECKSUM = (b"0" + b"\0" * 100 + tarfile.POSIX_MAGIC + b"\0" * (32 + 32 +
                    + b"\0" * 12)
 _FIXED_SUM = sum(_MODE_IDS) + sum(_MTIME_FIELD) + sum(_AFTER_CHECKSUM) + 8 * ord(" ")
 _NO_KERNEL_COPY = (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP,
-                   errno.EBADF, errno.EPERM)
+                   errno.ENOTSOCK, errno.EBADF, errno.EPERM)
 """copy_file_range/sendfile errors that mean "not between these files": copy through memory."""
 
 
@@ -74,13 +74,14 @@ class ShardFile:
 
     :meth:`add` appends a member from bytes, :meth:`add_file` one from an open file (copied by
     ``os.copy_file_range``, else ``os.sendfile``, else through memory; ``copy`` picks where
-    to start, for tests); small pieces are gathered into one write. :attr:`offset` is the tar's length so far. :meth:`finish` ends
-    it; :meth:`discard` removes it. A failed write raises
-    :class:`~fastload.errors.StorageError` naming ``path``. Example::
+    to start, for tests); small pieces are gathered into one write. :attr:`offset` is the
+    tar's length so far. :meth:`finish` ends it; :meth:`discard` removes it. A failed write
+    raises :class:`~fastload.errors.StorageError` naming ``shown_as``; a source file that
+    ends before ``size`` raises :class:`EOFError`. Example::
 
         >>> shard = ShardFile("/tmp/x.tar")
         >>> shard.add_file("cat/1.jpg", fd, os.fstat(fd).st_size, "/data/cat/1.jpg")
-        1024
+        512
     """
 
     COPIES = ("copy_file_range", "sendfile", "memory")
