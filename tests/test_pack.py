@@ -33,8 +33,8 @@ FASTLOAD = str(Path(sys.executable).parent / "fastload")
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([FASTLOAD, *args], check=False, capture_output=True, text=True, timeout=180,
-                          env={**os.environ, **DUMMY_ENV})
+    return subprocess.run([FASTLOAD, *args], check=False, capture_output=True, text=True,
+                          timeout=180, env={**os.environ, **DUMMY_ENV})
 
 
 def expected(root: Path) -> dict[str, tuple[int, bytes]]:
@@ -224,7 +224,8 @@ def tarfile_shards(folder: ImageFolder, manifest: dict) -> dict[str, bytes]:
         for path, label in folder.samples[shard["start"]:shard["stop"]]:
             stem, _, ext = os.path.relpath(path, folder.root).rpartition(".")
             key = stem.replace(".", "_")
-            members += [(f"{key}.{ext}", Path(path).read_bytes()), (f"{key}.cls", str(label).encode())]
+            members += [(f"{key}.{ext}", Path(path).read_bytes()),
+                        (f"{key}.cls", str(label).encode())]
         out[shard["url"]] = tarfile_bytes(members)
     return out
 
