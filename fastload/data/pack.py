@@ -257,10 +257,14 @@ class _Destination:
     def start(self, name: str) -> ShardFile:
         """The file shard ``name`` is written to."""
         self.started += 1
-        where = f"{self.root}/{name}" if self.local else os.path.join(
-            tempfile.gettempdir(), f"fastload-pack-{os.getpid()}-{name}")
-        return ShardFile(f"{where}.tmp-{os.getpid()}" if self.local else where,
-                         shown_as=self.fs.unstrip_protocol(f"{self.root}/{name}"))
+        if self.local:
+            where = f"{self.root}/{name}.tmp-{os.getpid()}"
+        else:  # a name of its own: two packs in one process may write the same shard name
+            with storage_errors("create a spool file for", tempfile.gettempdir()):
+                fd, where = tempfile.mkstemp(prefix=f"fastload-pack-{os.getpid()}-",
+                                             suffix=f"-{name}")
+            os.close(fd)
+        return ShardFile(where, shown_as=self.fs.unstrip_protocol(f"{self.root}/{name}"))
 
     def finish(self, shard: ShardFile, name: str, rows: list[Any], first: int) -> dict[str, Any]:
         """Make ``shard`` durable and visible as ``name``, then record it; its entry."""
