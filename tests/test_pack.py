@@ -10,6 +10,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
 import fsspec
@@ -20,6 +22,9 @@ from PIL import Image
 
 from fastload import DataLoader, ImageFolder, TarShards
 from fastload.data.pack import pack
+from fastload.data.pack_read import open_files
+from fastload.data.pack_tar import MTIME, ShardFile
+from fastload.errors import MissingSampleError, UnreadableSampleError
 from tests.fixtures.s3 import DUMMY_ENV
 
 pytestmark = pytest.mark.timeout(240)
@@ -28,8 +33,8 @@ FASTLOAD = str(Path(sys.executable).parent / "fastload")
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([FASTLOAD, *args], capture_output=True, text=True, timeout=180,
-                          env={**os.environ, **DUMMY_ENV})
+    return subprocess.run([FASTLOAD, *args], check=False, capture_output=True, text=True,
+                          timeout=180, env={**os.environ, **DUMMY_ENV})
 
 
 def expected(root: Path) -> dict[str, tuple[int, bytes]]:
@@ -197,3 +202,130 @@ def test_wids_reads_the_packed_shards_by_their_shard_index(jpeg_root, tmp_path, 
         with Image.open(io.BytesIO(data)) as img:
             assert img.size == ((160, 120) if max_side is None else (64, 48))
         assert max_side is not None or data == originals[sample["__key__"]][1]
+
+
+def tarfile_bytes(members: list[tuple[str, bytes]]) -> bytes:
+    """What ``tarfile`` writes for ``members`` as pack adds them (NOTE [pack's tar bytes]):
+    what pack's own tar writing must equal."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), MTIME, 0o444
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def tarfile_shards(folder: ImageFolder, manifest: dict) -> dict[str, bytes]:
+    """The shards of ``manifest`` as ``tarfile`` writes the same samples."""
+    out = {}
+    for shard in manifest["fastload"]["shards"]:
+        members = []
+        for path, label in folder.samples[shard["start"]:shard["stop"]]:
+            stem, _, ext = os.path.relpath(path, folder.root).rpartition(".")
+            key = stem.replace(".", "_")
+            members += [(f"{key}.{ext}", Path(path).read_bytes()),
+                        (f"{key}.cls", str(label).encode())]
+        out[shard["url"]] = tarfile_bytes(members)
+    return out
+
+
+@pytest.fixture
+def odd_names(jpeg_root, tmp_path) -> Path:
+    """The JPEG set plus names tarfile writes with a pax header: longer than 100 bytes, not
+    ASCII, and a dot in a folder name."""
+    src = tmp_path / "odd"
+    shutil.copytree(jpeg_root, src)
+    first, second = sorted(p.name for p in src.iterdir() if p.is_dir())[:2]
+    some = sorted((src / first).glob("*.jpg"))
+    (src / first / ("x" * 120 + ".jpg")).write_bytes(some[0].read_bytes())
+    (src / second / "ünïcode café.jpg").write_bytes(some[1].read_bytes())
+    (src / second / "v1.2").mkdir()
+    (src / second / "v1.2" / "dotted.name.jpg").write_bytes(some[2].read_bytes())
+    return src
+
+
+@pytest.mark.timeout(300)
+def test_pack_writes_the_bytes_tarfile_writes(odd_names, tmp_path):
+    report = pack(str(odd_names), str(tmp_path / "out"), shard_size=100_000)
+    assert report.samples == 51 and report.shards > 3
+    manifest = json.loads((tmp_path / "out" / "shards.json").read_text())
+    want = tarfile_shards(ImageFolder(str(odd_names)), manifest)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").glob("*.tar")} == want
+    assert not list((tmp_path / "out").glob("*tmp*"))
+    got = read_with_webdataset(sorted(str(p) for p in (tmp_path / "out").glob("*.tar")))
+    assert len(got) == 51 and ("x" * 120 in "".join(got))
+
+
+@pytest.mark.parametrize("copy", ShardFile.COPIES)
+def test_every_way_of_copying_a_file_writes_the_same_tar(jpeg_root, tmp_path, copy):
+    files = sorted(jpeg_root.rglob("*.jpg"))[:3]
+    shard = ShardFile(str(tmp_path / "x.tar"), copy=copy)
+    for k, path in enumerate(files):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert shard.add_file(f"{k}.jpg", fd, os.fstat(fd).st_size, str(path)) % 512 == 0
+        finally:
+            os.close(fd)
+        shard.add(f"{k}.cls", str(k).encode())
+    size = shard.finish(sync=True)
+    want = tarfile_bytes([member for k, path in enumerate(files) for member in
+                          ((f"{k}.jpg", path.read_bytes()), (f"{k}.cls", str(k).encode()))])
+    assert (tmp_path / "x.tar").read_bytes() == want and size == len(want)
+
+
+def test_a_file_that_changes_while_it_is_copied_is_an_error_naming_it(jpeg_root, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(jpeg_root, src)
+    folder = ImageFolder(str(src))
+    samples = open_files(folder, range(len(folder)))
+    first = next(samples)
+    with open(first.path, "ab") as f:  # grows after its size was taken
+        f.write(b"more")
+    with pytest.raises(UnreadableSampleError, match="changed while it was packed") as caught:
+        next(samples)
+    assert first.path in str(caught.value)
+
+
+@pytest.mark.timeout(300)
+def test_a_file_gone_mid_pack_keeps_the_finished_shards_and_a_rerun_completes(jpeg_root, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(jpeg_root, src)
+    folder = ImageFolder(str(src))
+    whole = pack(folder, str(tmp_path / "whole"), shard_size=100_000)
+    late, _ = folder.samples[40]
+    kept = Path(late).read_bytes()
+    Path(late).unlink()  # listed, then gone
+    with pytest.raises(MissingSampleError, match=late):
+        pack(folder, str(tmp_path / "cut"), shard_size=100_000)
+    cut = tmp_path / "cut"
+    assert not list(cut.glob("*tmp*"))  # the unfinished shard is not left behind
+    recorded = json.loads((cut / "shards.json").read_text())["fastload"]["shards"]
+    assert recorded and recorded[-1]["stop"] <= 40
+    Path(late).write_bytes(kept)
+    again = pack(folder, str(cut), shard_size=100_000)
+    assert again.resumed_from == len(recorded) and again.shards == whole.shards
+    for tar in (tmp_path / "whole").glob("*.tar"):
+        assert (cut / tar.name).read_bytes() == tar.read_bytes()
+
+
+@pytest.mark.timeout(300)
+def test_pack_between_s3_and_local_disk_writes_the_same_shards(s3_jpegs, s3_options, jpeg_root,
+                                                               tmp_path):
+    local = pack(str(jpeg_root), str(tmp_path / "local"), shard_size=100_000)
+    want = {p.name: p.read_bytes() for p in (tmp_path / "local").glob("*")}
+    from_s3 = pack(s3_jpegs, str(tmp_path / "from-s3"), shard_size=100_000,
+                   storage_options=s3_options)  # read ahead by the thread pool
+    assert from_s3.samples == local.samples
+    assert {p.name: p.read_bytes() for p in (tmp_path / "from-s3").glob("*.tar")} == {
+        name: data for name, data in want.items() if name.endswith(".tar")}
+    fs = fsspec.filesystem("s3", **s3_options)
+    if not fs.exists("fastload-test-shards"):
+        fs.mkdir("fastload-test-shards")
+    dst = "s3://fastload-test-shards/from-local"
+    to_s3 = pack(str(jpeg_root), dst, shard_size=100_000, dst_options=s3_options)  # spooled
+    assert to_s3.shards == local.shards
+    assert not list(Path(tempfile.gettempdir()).glob(f"fastload-pack-{os.getpid()}-*"))
+    for name, data in want.items():
+        if name.endswith((".tar", ".idx")):
+            assert fs.cat_file(f"fastload-test-shards/from-local/{name}") == data, name

@@ -9,19 +9,26 @@ with its label as decimal text. With ``transcode`` (a :class:`~fastload.data.tra
 the transcoded cache tier's re-encoding) an image whose longer side is over ``max_side`` is
 written re-encoded instead, as ``<key>.jpg`` (it is a JPEG then); smaller ones keep their
 bytes and extension, and one that does not decode keeps its bytes (logged, counted in the
-report: it fails in the pipeline as it would unpacked). The tars are plain POSIX (pax) tar files, as webdataset's
-own ``TarWriter`` makes them. Beside each shard is its DALI index (``x.idx``, ``wds2idx``'s
-v1.2 format, for DALI's reader's ``index_paths``: tests/test_dali_shards.py reads with it;
-:class:`~fastload.TarShards` then reads no headers), and in ``dst`` a ``shards.json`` in
-wids' shard-index format (``__kind__: wids-shard-index-v1``, ``shardlist`` of
-``url``/``nsamples``) with fastload's own fields under ``"fastload"``: the classes, the
-source, and each finished shard's sample range.
+report: it fails in the pipeline as it would unpacked). The tars are plain POSIX (pax) tar
+files, byte for byte what ``tarfile`` (and so webdataset's own ``TarWriter``) makes of them.
+Beside each shard is its DALI index (``x.idx``, ``wds2idx``'s v1.2 format, for DALI's
+reader's ``index_paths``: tests/test_dali_shards.py reads with it; :class:`~fastload.TarShards`
+then reads no headers), and in ``dst`` a ``shards.json`` in wids' shard-index format
+(``__kind__: wids-shard-index-v1``, ``shardlist`` of ``url``/``nsamples``) with fastload's
+own fields under ``"fastload"``: the classes, the source, and each finished shard's sample
+range.
 
-A shard is written to a temporary name and renamed (locally) or written whole by one
-``open(..., "wb")`` (object stores make it visible at close); ``shards.json`` is rewritten
-after each shard. A second run with the same arguments continues after the last shard it
-recorded (a shard whose file is missing or of another size is written again). So a pack
-interrupted at any point resumes, and the shards are the same as an uninterrupted run's.
+A shard is streamed to a file as its samples come (NOTE [pack's tar bytes] in
+:mod:`fastload.data.pack_tar`): a local ``dst`` gets it under a temporary name beside its
+final one, fsynced and renamed when it is whole; a remote one gets a local spool file in the
+temporary directory, uploaded whole (object stores make it visible at close) and removed.
+The data of a local source file is copied by the kernel (``copy_file_range``) without
+entering Python; other sources are read ahead by a thread pool within a memory budget
+(:mod:`fastload.data.pack_read`). Finishing a shard (fsync and rename, or upload; its ``.idx``;
+``shards.json`` rewritten) runs in a helper thread while the next shard is written. A
+second run with the same arguments continues after the last shard ``shards.json`` recorded
+(a shard whose file is missing or of another size is written again). So a pack interrupted
+at any point resumes, and the shards are the same as an uninterrupted run's.
 
 Example::
 
@@ -32,19 +39,21 @@ Example::
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
 import tarfile
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+import tempfile
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
 
 from fastload.data.images import ImageFolder
+from fastload.data.pack_read import Sample, open_files, read_ahead
+from fastload.data.pack_tar import ShardFile
 from fastload.data.tarfiles import index_url_of, write_dali_index
 from fastload.data.transcode import Transcode
 from fastload.errors import ConfigError
@@ -56,9 +65,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["MANIFEST", "PackReport", "pack"]
 
 MANIFEST = "shards.json"
-READ_AHEAD = 64
-"""Source files read concurrently ahead of the writer."""
-_MTIME = 1_700_000_000  # a fixed member time: packing the same files gives the same bytes
 
 
 @dataclass
@@ -78,15 +84,6 @@ class PackReport:
     """Files written now as they are because ``transcode`` could not decode them."""
 
 
-@dataclass(frozen=True)
-class _Sample:
-    index: int
-    data: bytes
-    ext: str | None = None
-    """The extension its bytes now have (``jpg`` when re-encoded); None: the file's own."""
-    failed: str | None = None
-
-
 def _fits(offset: int, size: int, shard_size: float) -> bool:
     """Whether a sample of ``size`` image bytes (and its label) still fits a shard now at
     ``offset``: two headers (and a pax header's two blocks for a long name), the padded data,
@@ -96,40 +93,29 @@ def _fits(offset: int, size: int, shard_size: float) -> bool:
     return -(-end // tarfile.RECORDSIZE) * tarfile.RECORDSIZE <= shard_size
 
 
-def _member(tar: tarfile.TarFile, name: str, data: bytes) -> int:
-    """Add ``name`` with ``data``; returns the offset of its data in the tar."""
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode = len(data), _MTIME, 0o444
-    tar.addfile(info, io.BytesIO(data))
-    return tar.offset - (len(data) + tarfile.BLOCKSIZE - 1) // tarfile.BLOCKSIZE * tarfile.BLOCKSIZE
-
-
-def _key_of(source: ImageFolder, i: int) -> tuple[str, str]:
-    """The member key and image extension of sample ``i``: its path below the root."""
-    path = source.index.path(i)
+def _keys(source: ImageFolder) -> Callable[[str], tuple[str, str]]:
+    """``key_of(path)``: the member key and image extension of the sample at ``path``, its
+    path below the root (without the extension, dots made ``_``: webdataset's key ends at
+    the first dot)."""
     root = source.storage.root if source.index.prefix else ""
-    relative = path[len(root):].lstrip("/") if root and path.startswith(root) else path.lstrip("/")
-    stem, dot, ext = relative.rpartition(".")
-    key = (stem or relative).replace(".", "_")  # webdataset's key ends at the first dot
-    return key, (ext.lower() if dot else "jpg")
+
+    def key_of(path: str) -> tuple[str, str]:
+        inside = root and path.startswith(root)
+        relative = (path[len(root):] if inside else path).lstrip("/")
+        stem, dot, ext = relative.rpartition(".")
+        return (stem or relative).replace(".", "_"), (ext.lower() if dot else "jpg")
+
+    return key_of
 
 
-def _read_ahead(source: ImageFolder, indices: range, transcode: Transcode | None) -> Iterator[_Sample]:
-    def read(i: int) -> _Sample:
-        data = source.read_bytes(i)
-        if transcode is None:
-            return _Sample(i, data)
-        try:
-            small = transcode(data)
-        except ValueError as exc:  # not a decodable image: packed as it is
-            return _Sample(i, data, failed=f"{source.index.path(i)}: {exc}")
-        return _Sample(i, data) if small is data else _Sample(i, small, "jpg")
-
-    # The pool reads (and re-encodes: Pillow releases the GIL while it decodes, resizes and
-    # encodes) ahead of the writer, in the source's order.
-    with ThreadPoolExecutor(16, thread_name_prefix="fastload-pack") as pool:
-        for start in range(indices.start, indices.stop, READ_AHEAD):
-            yield from pool.map(read, range(start, min(start + READ_AHEAD, indices.stop)))
+def _samples(source: ImageFolder, indices: range,
+             transcode: Transcode | None) -> Generator[Sample, None, None]:
+    """The source's samples for the writer: open local files to copy where the bytes go
+    through unchanged (NOTE [what pack writes]), else their bytes read ahead."""
+    plain = type(source).read_bytes is ImageFolder.read_bytes  # a subclass may alter bytes
+    if transcode is None and plain and source.cache is None and source.storage.is_local:
+        return open_files(source, indices)
+    return read_ahead(source, indices, transcode)
 
 
 def _load_manifest(fs: Any, path: str) -> dict[str, Any] | None:
@@ -170,8 +156,9 @@ def pack(
 
     See NOTE [what pack writes]. ``progress(report, total_samples)`` is called after each
     shard. ``transcode=Transcode(max_side=256)`` bakes the transcoded tier's re-encoding into
-    the shards (images' longer side at most 256 pixels). Raises a :class:`~fastload.errors.StorageError` (or a sample error naming the file)
-    when a read or a write fails; what was finished stays and a rerun continues from it.
+    the shards (images' longer side at most 256 pixels). Raises a
+    :class:`~fastload.errors.StorageError` (or a sample error naming the file) when a read or
+    a write fails; what was finished stays and a rerun continues from it.
     """
     if shard_size < 4096:
         raise ConfigError(
@@ -188,67 +175,173 @@ def pack(
             "samples": len(source), "shard_size": int(shard_size), "prefix": prefix}
     if transcode is not None:  # a key only then: earlier plans (and their resume) still match
         plan["transcode"] = transcode.tag
-    _check_keys([_key_of(source, i)[0] for i in range(len(source))], plan["source"])
+    key_of = _keys(source)
+    _check_keys([key_of(path)[0] for path in map(source.index.path, range(len(source)))],
+                plan["source"])
     done = _done_shards(fs, root, _load_manifest(fs, f"{root}/{MANIFEST}"), plan)
     report = PackReport(dst, resumed_from=len(done))
-    start = done[-1]["stop"] if done else 0
-    shards = list(done)
-    samples = _read_ahead(source, range(start, len(source)), transcode)
-    pending = next(samples, None)
-    while pending is not None:
-        name = f"{prefix}-{len(shards):06d}.tar"
-        buffer, rows = io.BytesIO(), []
-        first = pending.index
-        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            while pending is not None and (
-                    not rows or _fits(tar.offset, len(pending.data), shard_size)):
-                i, data = pending.index, pending.data
-                key, ext = _key_of(source, i)
-                ext = pending.ext or ext
-                report.transcoded += pending.ext is not None
-                if pending.failed is not None:
-                    report.not_decodable.append(pending.failed)
-                    logger.warning("packed %s as it is: --transcode cannot decode it",
-                                   pending.failed)
-                label = str(source.index.label(i)).encode()
-                members = [(ext, _member(tar, f"{key}.{ext}", data), len(data), f"{key}.{ext}")]
-                members.append(("cls", _member(tar, f"{key}.cls", label), len(label), f"{key}.cls"))
-                rows.append(members)
-                pending = next(samples, None)
-        blob = buffer.getvalue()
-        _write(fs, f"{root}/{name}", blob)
-        _write(fs, index_url_of(f"{root}/{name}"), write_dali_index(rows).encode())
-        shards.append({"url": name, "nsamples": len(rows), "bytes": len(blob),
-                       "start": first, "stop": first + len(rows)})
-        _write(fs, f"{root}/{MANIFEST}", _manifest(shards, source.classes, plan).encode())
-        report.written_shards += 1
-        if progress is not None:
-            report.shards, report.samples = len(shards), shards[-1]["stop"]
-            progress(report, len(source))
-    report.shards, report.samples = len(shards), sum(s["nsamples"] for s in shards)
-    report.bytes = sum(s["bytes"] for s in shards)
-    report.urls = [fs.unstrip_protocol(f"{root}/{s['url']}") for s in shards]
-    if not shards:
-        _write(fs, f"{root}/{MANIFEST}", _manifest(shards, source.classes, plan).encode())
+    out = _Destination(fs, root, _manifest_writer(source.classes, plan), done)
+    publisher = _Publisher(out)
+
+    def finished(entry: dict[str, Any] | None) -> None:
+        if entry is not None:
+            report.written_shards += 1
+            report.shards, report.samples = len(done) + report.written_shards, entry["stop"]
+            if progress is not None:
+                progress(report, len(source))
+
+    samples = _samples(source, range(done[-1]["stop"] if done else 0, len(source)), transcode)
+    try:
+        pending = next(samples, None)
+        while pending is not None:
+            name = f"{prefix}-{len(done) + out.started:06d}.tar"
+            shard, rows, first = out.start(name), [], pending.index
+            try:
+                while pending is not None and (
+                        not rows or _fits(shard.offset, pending.nbytes, shard_size)):
+                    rows.append(_add(shard, source, key_of, pending, report))
+                    pending = next(samples, None)
+            except BaseException:
+                shard.discard()
+                raise
+            finished(publisher.publish(shard, name, rows, first))
+        finished(publisher.wait())
+    finally:
+        samples.close()
+        publisher.close()  # a shard written whole before an error is still finished
+    report.shards, report.samples = len(out.shards), sum(s["nsamples"] for s in out.shards)
+    report.bytes = sum(s["bytes"] for s in out.shards)
+    report.urls = [fs.unstrip_protocol(f"{root}/{s['url']}") for s in out.shards]
+    if not out.shards:
+        out.write_manifest()
     return report
 
 
-def _manifest(shards: list[dict[str, Any]], classes: Sequence[str], plan: dict[str, Any]) -> str:
-    return json.dumps({
-        "__kind__": "wids-shard-index-v1",
-        "wids_version": 1,
-        "shardlist": [{"url": s["url"], "nsamples": s["nsamples"]} for s in shards],
-        "fastload": {"plan": plan, "classes": list(classes), "shards": shards},
-    }, indent=1)
+def _add(shard: ShardFile, source: ImageFolder, key_of: Callable[[str], tuple[str, str]],
+         sample: Sample, report: PackReport) -> list[tuple[str, int, int, str]]:
+    """Write ``sample`` (its image and its label) into ``shard``; its DALI index row."""
+    i = sample.index
+    key, ext = key_of(sample.path)
+    ext = sample.ext or ext
+    report.transcoded += sample.ext is not None
+    if sample.failed is not None:
+        report.not_decodable.append(sample.failed)
+        logger.warning("packed %s as it is: --transcode cannot decode it", sample.failed)
+    if sample.data is not None:
+        offset = shard.add(f"{key}.{ext}", sample.data)
+    else:
+        try:
+            offset = shard.add_file(f"{key}.{ext}", sample.fd, sample.size, sample.path)
+        except EOFError as exc:
+            raise source.unreadable(i, OSError(str(exc))) from exc
+    label = str(source.index.label(i)).encode()
+    return [(ext, offset, sample.nbytes, f"{key}.{ext}"),
+            ("cls", shard.add(f"{key}.cls", label), len(label), f"{key}.cls")]
+
+
+class _Destination:
+    """Where shards go: each is written to a local file (beside its final name, or in the
+    temporary directory for a remote ``dst``), then, in a helper thread while the next one
+    is written, made durable and visible (fsync + rename, or an upload), with its ``.idx``,
+    and recorded in ``shards.json``."""
+
+    def __init__(self, fs: Any, root: str, manifest: Callable[[list[dict[str, Any]]], str],
+                 done: list[dict[str, Any]]):
+        self.fs, self.root, self.manifest = fs, root, manifest
+        self.local = isinstance(fs, fsspec.implementations.local.LocalFileSystem)
+        self.shards = list(done)
+        """The finished shards' manifest entries, in order."""
+        self.started = 0
+        """Shards started by this run."""
+
+    def start(self, name: str) -> ShardFile:
+        """The file shard ``name`` is written to."""
+        self.started += 1
+        if self.local:
+            where = f"{self.root}/{name}.tmp-{os.getpid()}"
+        else:  # a name of its own: two packs in one process may write the same shard name
+            with storage_errors("create a spool file for", tempfile.gettempdir()):
+                fd, where = tempfile.mkstemp(prefix=f"fastload-pack-{os.getpid()}-",
+                                             suffix=f"-{name}")
+            os.close(fd)
+        return ShardFile(where, shown_as=self.fs.unstrip_protocol(f"{self.root}/{name}"))
+
+    def finish(self, shard: ShardFile, name: str, rows: list[Any], first: int) -> dict[str, Any]:
+        """Make ``shard`` durable and visible as ``name``, then record it; its entry."""
+        path = f"{self.root}/{name}"
+        try:
+            size = shard.finish(sync=self.local)
+            with storage_errors("write", self.fs.unstrip_protocol(path)):
+                if self.local:
+                    os.replace(shard.path, path)
+                else:
+                    self.fs.put_file(shard.path, path)
+        finally:
+            shard.discard()  # removes the spooled copy (a renamed file is not there any more)
+        _write(self.fs, index_url_of(path), write_dali_index(rows).encode())
+        entry = {"url": name, "nsamples": len(rows), "bytes": size,
+                 "start": first, "stop": first + len(rows)}
+        self.shards.append(entry)
+        self.write_manifest()
+        return entry
+
+    def write_manifest(self) -> None:
+        _write(self.fs, f"{self.root}/{MANIFEST}", self.manifest(self.shards).encode())
+
+
+class _Publisher:
+    """Finishes written shards (:meth:`_Destination.finish`) in a helper thread, one at a
+    time and in order, while the caller writes the next one."""
+
+    def __init__(self, out: _Destination):
+        self.out = out
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="fastload-pack-publish")
+        self.finishing: Future[dict[str, Any]] | None = None
+
+    def publish(self, shard: ShardFile, name: str, rows: list[Any],
+                first: int) -> dict[str, Any] | None:
+        """Hand ``shard`` over once the previous one is finished; returns that one's entry
+        (None at the first), or raises its error."""
+        try:
+            previous = self.wait()
+        except BaseException:
+            shard.discard()
+            raise
+        self.finishing = self.pool.submit(self.out.finish, shard, name, rows, first)
+        return previous
+
+    def wait(self) -> dict[str, Any] | None:
+        """The entry of the shard being finished once it is (None if there is none)."""
+        finishing, self.finishing = self.finishing, None
+        return None if finishing is None else finishing.result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+def _manifest_writer(classes: Sequence[str],
+                     plan: dict[str, Any]) -> Callable[[list[dict[str, Any]]], str]:
+    def manifest(shards: list[dict[str, Any]]) -> str:
+        return json.dumps({
+            "__kind__": "wids-shard-index-v1",
+            "wids_version": 1,
+            "shardlist": [{"url": s["url"], "nsamples": s["nsamples"]} for s in shards],
+            "fastload": {"plan": plan, "classes": list(classes), "shards": shards},
+        }, indent=1)
+
+    return manifest
 
 
 def _write(fs: Any, path: str, data: bytes) -> None:
-    """``data`` at ``path``, whole or not at all where the filesystem can rename."""
+    """``data`` at ``path``, whole or not at all where the filesystem can rename (and
+    fsynced before the rename: a recorded shard's files survive a crash)."""
     with storage_errors("write", fs.unstrip_protocol(path)):
         if isinstance(fs, fsspec.implementations.local.LocalFileSystem):
             tmp = f"{path}.tmp-{os.getpid()}"
             with open(tmp, "wb") as f:
                 f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, path)
         else:
             fs.pipe_file(path, data)
