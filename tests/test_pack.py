@@ -329,3 +329,22 @@ def test_pack_between_s3_and_local_disk_writes_the_same_shards(s3_jpegs, s3_opti
     for name, data in want.items():
         if name.endswith((".tar", ".idx")):
             assert fs.cat_file(f"fastload-test-shards/from-local/{name}") == data, name
+
+
+@pytest.mark.timeout(300)
+def test_a_rerun_removes_the_temps_of_a_killed_pack_and_nothing_else(jpeg_root, tmp_path):
+    """A pack killed with SIGKILL leaves <shard>.tmp-<pid>; the next run deletes those of a
+    process that is gone, and keeps a live process's temps and files it did not write."""
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = [dst / f"shard-000000.tar.tmp-{dead.pid}", dst / f"shard-000000.idx.tmp-{dead.pid}",
+             dst / f"shards.json.tmp-{dead.pid}"]
+    kept = [dst / f"shard-000001.tar.tmp-{os.getppid()}", dst / "notes.tmp-1", dst / "mine.tar"]  # a live pid
+    for path in stale + kept:
+        path.write_bytes(b"x")
+    report = pack(ImageFolder(str(jpeg_root)), str(dst), shard_size=100_000)
+    assert report.shards > 0
+    assert not any(p.exists() for p in stale)
+    assert all(p.read_bytes() == b"x" for p in kept)

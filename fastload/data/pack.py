@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import tarfile
 import tempfile
 from collections.abc import Callable, Generator, Sequence
@@ -249,6 +250,8 @@ class _Destination:
                  done: list[dict[str, Any]]):
         self.fs, self.root, self.manifest = fs, root, manifest
         self.local = isinstance(fs, fsspec.implementations.local.LocalFileSystem)
+        if self.local:
+            _remove_stale_temps(root)
         self.shards = list(done)
         """The finished shards' manifest entries, in order."""
         self.started = 0
@@ -330,6 +333,38 @@ def _manifest_writer(classes: Sequence[str],
         }, indent=1)
 
     return manifest
+
+
+def _remove_stale_temps(root: str) -> None:
+    """Delete what an earlier pack killed mid-shard left in ``root``: its own temp files
+    (``<shard or shards.json or .idx>.tmp-<pid>``, the names this module writes) whose process
+    is gone. Anything else, and a live process's temps, are left alone."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        match = _TEMP.fullmatch(name)
+        if match is None or _alive(int(match.group(2))):
+            continue
+        try:
+            os.unlink(os.path.join(root, name))
+            logger.info("removed %s, left by a pack that did not finish (process %s)", name, match.group(2))
+        except OSError:
+            pass
+
+
+_TEMP = re.compile(r"(.+\.(?:tar|idx)|" + re.escape(MANIFEST) + r")\.tmp-(\d+)")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def _write(fs: Any, path: str, data: bytes) -> None:
