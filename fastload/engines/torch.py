@@ -105,6 +105,16 @@ class TorchEngine(Engine):
         self._current = weakref.ref(iterator)
         return iterator
 
+    def abandon(self, epoch: Iterator[Any]) -> None:
+        """Shut down the workers of an epoch that raised, unless they persist.
+
+        Left to torch, they would live as long as the error's traceback holds the iterator,
+        and when the cycle collector frees it they stall its shutdown: their queues' feeder
+        threads stop before torch's ``__del__`` runs, so the workers never hear the
+        shutdown and are joined with a timeout each (5 s), then killed."""
+        if epoch is not self.kept_iterator:
+            _shut_down(epoch)
+
     def restart(self) -> None:
         """Shut down persistent workers; the next epoch starts new ones from the dataset now
         (and from the loader's settings now: a re-tuned worker count)."""

@@ -83,6 +83,8 @@ class LoaderIterator(Iterator[Any]):
     ) -> None:
         self._inner = inner
         self._meter = loader.meter
+        # The engine that made ``inner``: told when the epoch raises (NOTE [an epoch that raised]).
+        self._engine = loader.engine if declared or feeder is not None else None
         # NOTE [two ways to resume]: batches count when the user gets them; _unwrap records how
         # many of torch's items each one stands for (an all-skipped batch is never handed out).
         self._progress = progress
@@ -110,6 +112,18 @@ class LoaderIterator(Iterator[Any]):
             batch = self._next()
         except StopIteration:
             self._progress.done = True
+            raise
+        except BaseException:
+            # NOTE [an epoch that raised]
+            # Here batches come through generators (_unwrap, prefetch, the feeder), which end
+            # when an error passes through them: the epoch is over (a next() stops). Its
+            # workers are stopped now, not when the error's traceback lets the iterator go.
+            # The plain kinds call torch's iterator directly and keep torch's behaviour: a
+            # worker's error leaves the iterator usable, and its workers running.
+            try:
+                self._engine.abandon(self._inner)  # type: ignore[union-attr]
+            except Exception as exc:  # noqa: BLE001 - the epoch's own error is the one to see
+                logger.warning("could not stop the workers of an epoch that raised: %s", exc)
             raise
         self._progress.batches += self._counts.popleft() if self._counts else 1
         return batch
