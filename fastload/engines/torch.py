@@ -61,9 +61,19 @@ class TorchEngine(Engine):
         self._plan = context.batch_sampler
         self._parts = context.parts
         self._draws_like_torch = draws_like_torch
-        self._private: torch.utils.data.DataLoader | None = None
+        self._kept = _Kept()
         self._current: weakref.ref[Iterator[Any]] | None = None
         _close_at_exit(self)
+        weakref.finalize(self, _shut_down_kept, self._kept).atexit = False
+
+    @property
+    def _private(self) -> torch.utils.data.DataLoader | None:
+        """The private loader (NOTE [workers of a collected loader])."""
+        return self._kept.loader
+
+    @_private.setter
+    def _private(self, private: torch.utils.data.DataLoader | None) -> None:
+        self._kept.loader = private
 
     @property
     def _loader(self) -> torch.utils.data.DataLoader:
@@ -173,6 +183,32 @@ def private_loader(
     if loader.batch_sampler is None:  # unbatched: the plan is the index sampler
         return torch.utils.data.dataloader.DataLoader(dataset, batch_size=None, sampler=plan, **settings)
     return torch.utils.data.dataloader.DataLoader(dataset, batch_sampler=plan, **settings)
+
+
+# NOTE [workers of a collected loader]
+# A loader left in a reference cycle (a traceback that holds it, a framework's objects that
+# point at each other) is freed by the cycle collector, and with it, when the engine held
+# them alone, its persistent workers' iterator and queues. The collector runs the queues'
+# weakref callbacks before torch's ``__del__``: their feeder threads get the sentinel and
+# stop, so torch's shutdown puts its stop message into a queue nobody sends, and waits 5 s
+# for each worker before it kills it, in whatever thread the collection ran. So the private
+# loader sits in a _Kept that a finalizer of the engine also holds: it is never part of such
+# garbage, and when the engine goes the finalizer shuts the workers down with their queues
+# whole.
+class _Kept:
+    """The engine's private loader, shared with the engine's finalizer."""
+
+    __slots__ = ("loader",)
+
+    def __init__(self) -> None:
+        self.loader: torch.utils.data.DataLoader | None = None
+
+
+def _shut_down_kept(kept: _Kept) -> None:
+    private, kept.loader = kept.loader, None
+    if private is not None:
+        iterator, private._iterator = private._iterator, None
+        _shut_down(iterator)
 
 
 # NOTE [workers end at exit]
