@@ -64,7 +64,7 @@ class TorchEngine(Engine):
         self._kept = _Kept()
         self._current: weakref.ref[Iterator[Any]] | None = None
         _close_at_exit(self)
-        weakref.finalize(self, _shut_down_kept, self._kept).atexit = False
+        weakref.finalize(self, _drop_kept, self._kept).atexit = False
 
     @property
     def _private(self) -> torch.utils.data.DataLoader | None:
@@ -193,8 +193,8 @@ def private_loader(
 # stop, so torch's shutdown puts its stop message into a queue nobody sends, and waits 5 s
 # for each worker before it kills it, in whatever thread the collection ran. So the private
 # loader sits in a _Kept that a finalizer of the engine also holds: it is never part of such
-# garbage, and when the engine goes the finalizer shuts the workers down with their queues
-# whole.
+# garbage, and when the engine goes the finalizer drops it: freed by its reference count,
+# torch's ``__del__`` shuts the workers down with their queues whole.
 class _Kept:
     """The engine's private loader, shared with the engine's finalizer."""
 
@@ -204,11 +204,10 @@ class _Kept:
         self.loader: torch.utils.data.DataLoader | None = None
 
 
-def _shut_down_kept(kept: _Kept) -> None:
-    private, kept.loader = kept.loader, None
-    if private is not None:
-        iterator, private._iterator = private._iterator, None
-        _shut_down(iterator)
+def _drop_kept(kept: _Kept) -> None:
+    # Dropped, not shut down: an epoch's iterator still in use (``iter(DataLoader(...))``
+    # keeps only the iterator) goes on; one nobody holds is freed here, by its count.
+    kept.loader = None
 
 
 # NOTE [workers end at exit]
