@@ -141,7 +141,7 @@ def test_an_error_names_the_file_and_index(engine, damaged):
 
 @pytest.mark.timeout(120)
 def test_an_epoch_that_raised_leaves_no_process_while_its_error_is_held(engine, damaged):
-    samples, bad = damaged
+    samples, _ = damaged
     children = {p.pid for p in psutil.Process().children(recursive=True)}
     loader = make_loader(engine, samples, batch_size=6, shuffle=False, persistent_workers=False)
     with pytest.raises(CorruptSampleError) as info:
