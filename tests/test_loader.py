@@ -229,19 +229,27 @@ def _mark_clean_exit(folder: str) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_persistent_workers_of_a_loader_in_a_cycle_stop_cleanly_when_collected(tmp_path):
+@pytest.mark.parametrize("left", ["persistent loader", "epoch iterator"])
+def test_workers_of_a_loader_or_iterator_in_a_cycle_stop_cleanly_when_collected(tmp_path, left):
     # NOTE [workers of a collected loader]: freed by the cycle collector, the workers still
     # hear torch's shutdown and exit on their own, instead of being killed after a timeout
     before = {child.pid for child in psutil.Process().children()}
-    loader = DataLoader(Squares(), batch_size=8, num_workers=2, persistent_workers=True,
+    loader = DataLoader(Squares(), batch_size=8, num_workers=2,
+                        persistent_workers=left == "persistent loader",
                         worker_init_fn=lambda _: _mark_clean_exit(str(tmp_path)))
-    assert len(list(loader)) == 3  # 23 samples
+    if left == "persistent loader":
+        assert len(list(loader)) == 3  # 23 samples
+        kept = loader
+    else:  # an epoch left mid-way, as by an error whose traceback holds it
+        kept = iter(loader)
+        next(kept)
+    del loader
     workers = {child.pid for child in psutil.Process().children()} - before
     assert len(workers) == 2
-    ref = weakref.ref(loader)
-    cycle: list = [loader]
+    ref = weakref.ref(kept)
+    cycle: list = [kept]
     cycle.append(cycle)
-    del loader, cycle
+    del kept, cycle
     gc.collect()
     assert ref() is None
     assert not [pid for pid in workers if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]

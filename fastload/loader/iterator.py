@@ -18,6 +18,7 @@ import collections
 import itertools
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +83,10 @@ class LoaderIterator(Iterator[Any]):
         feeder: DeviceFeeder | None = None,
     ) -> None:
         self._inner = inner
+        # NOTE [workers of a collected loader] (fastload.engines.torch), for one epoch: held
+        # from a finalizer, torch's iterator is never part of the cycle collector's garbage, so
+        # its shutdown finds its queues whole when an iterator left in a cycle is freed.
+        weakref.finalize(self, _let_go, inner).atexit = False
         self._meter = loader.meter
         # The engine that made ``inner``: told when the epoch raises (NOTE [an epoch that raised]).
         self._engine = loader.engine if declared or feeder is not None else None
@@ -188,6 +193,10 @@ class _MeteredPlain(LoaderIterator):
         self._add_end(t1)
         self._progress.batches += 1
         return batch
+
+
+def _let_go(inner: Iterator[Any]) -> None:
+    """A finalizer's callback: nothing to do, the finalizer only held ``inner`` until now."""
 
 
 def _unwrap(
