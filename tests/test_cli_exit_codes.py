@@ -31,23 +31,6 @@ def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
                           env={**os.environ, **DUMMY_ENV})
 
 
-def _run_together(*commands: tuple[str, ...], timeout: float = 60) -> list[subprocess.CompletedProcess]:
-    """:func:`_run` for each command, all started at once (their start-ups and retries overlap)."""
-    procs = [subprocess.Popen([FASTLOAD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env={**os.environ, **DUMMY_ENV}) for args in commands]
-    try:
-        done = []
-        for args, proc in zip(commands, procs):
-            out, err = proc.communicate(timeout=timeout)
-            done.append(subprocess.CompletedProcess([FASTLOAD, *args], proc.returncode, out, err))
-        return done
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-
-
 def _module(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "fastload", *args], capture_output=True,
                           text=True, timeout=60)
@@ -217,18 +200,17 @@ def test_bench_tells_an_unreachable_store_from_a_wrong_path(tmp_path, s3_server,
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    refused, s3_refused, wrong, missing, bad = _run_together(
-        ("bench", f"http://127.0.0.1:{port}/data/", "--duration", "1"),
-        ("bench", "s3://bucket/train", "-o", f"endpoint_url=http://127.0.0.1:{port}", "--duration", "1"),
-        # -o reaches the store: the moto server answers, and a path it lacks is bad input
-        ("bench", f"{s3_jpegs}/nothing-here", "-o", f"endpoint_url={s3_server.endpoint}", "--duration", "1"),
-        ("bench", str(tmp_path / "missing"), "--duration", "1"),
-        ("bench", str(tmp_path), "-o", "novalue"),
-    )
+    refused = _run("bench", f"http://127.0.0.1:{port}/data/", "--duration", "1")
     assert refused.returncode == 1, refused
     assert f"cannot list http://127.0.0.1:{port}/data/: the store is unreachable" in refused.stderr
     assert "Cannot connect to host" in refused.stderr and "Traceback" not in refused.stderr
+    s3_refused = _run("bench", "s3://bucket/train", "-o", f"endpoint_url=http://127.0.0.1:{port}",
+                      "--duration", "1")
     assert s3_refused.returncode == 1 and "EndpointConnectionError" in s3_refused.stderr, s3_refused
+    # -o reaches the store: the moto server answers, and a path it lacks is bad input
+    wrong = _run("bench", f"{s3_jpegs}/nothing-here", "-o", f"endpoint_url={s3_server.endpoint}",
+                 "--duration", "1")
     assert wrong.returncode == 2 and "does not exist; check the path or URL" in wrong.stderr, wrong
-    assert missing.returncode == 2, missing
+    assert _run("bench", str(tmp_path / "missing"), "--duration", "1").returncode == 2
+    bad = _run("bench", str(tmp_path), "-o", "novalue")
     assert bad.returncode == 2 and "is not KEY=VALUE" in bad.stderr
