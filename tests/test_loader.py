@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import multiprocessing.util
 import os
+import weakref
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import torch.utils.data
@@ -215,3 +219,38 @@ def test_an_abandoned_iterator_stops_its_workers_without_the_cycle_collector(jpe
         assert not any(w.is_alive() for w in workers)
     finally:
         gc.enable()
+
+
+def _mark_clean_exit(folder: str) -> None:
+    """Worker init: a file named after the worker's pid appears when it exits cleanly (a
+    worker killed by a signal runs no exit finalizers)."""
+    path = Path(folder) / str(os.getpid())
+    multiprocessing.util.Finalize(None, path.touch, exitpriority=0)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("left", ["persistent loader", "epoch iterator"])
+def test_workers_of_a_loader_or_iterator_in_a_cycle_stop_cleanly_when_collected(tmp_path, left):
+    # NOTE [workers of a collected loader]: freed by the cycle collector, the workers still
+    # hear torch's shutdown and exit on their own, instead of being killed after a timeout
+    before = {child.pid for child in psutil.Process().children()}
+    loader = DataLoader(Squares(), batch_size=8, num_workers=2,
+                        persistent_workers=left == "persistent loader",
+                        worker_init_fn=lambda _: _mark_clean_exit(str(tmp_path)))
+    if left == "persistent loader":
+        assert len(list(loader)) == 3  # 23 samples
+        kept = loader
+    else:  # an epoch left mid-way, as by an error whose traceback holds it
+        kept = iter(loader)
+        next(kept)
+    del loader
+    workers = {child.pid for child in psutil.Process().children()} - before
+    assert len(workers) == 2
+    ref = weakref.ref(kept)
+    cycle: list = [kept]
+    cycle.append(cycle)
+    del kept, cycle
+    gc.collect()
+    assert ref() is None
+    assert not [pid for pid in workers if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert sorted(int(p.name) for p in tmp_path.iterdir()) == sorted(workers)

@@ -6,14 +6,20 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
+import traceback
 import zlib
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
 import fastload
 from fastload import DataLoader, ImageFolder
+from fastload.engines.probe import PROBE_BATCHES
+from fastload.engines.threads import AHEAD
+from fastload.settings import MAX_WORKERS_WITHOUT_GPU
 from fastload.testing.synthetic import make_jpeg_folder
 from tests.fixtures.privileges import run_unprivileged
 
@@ -149,6 +155,10 @@ def test_paths_without_envelopes_still_name_file_and_index(broken):
     with pytest.raises(fastload.CorruptSampleError, match=f"index {BAD}") as info:
         list(torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2))
     assert path in str(info.value)
+    # torch's iterator stays usable after a worker's error, so its workers live as long as
+    # the traceback's frames hold it, and freed by the cycle collector it takes 5 s a worker
+    # to shut down (TorchEngine.abandon says why): let it go now
+    traceback.clear_frames(info.tb)
 
 
 _DENIED_SCRIPT = """
@@ -191,3 +201,71 @@ def test_permission_denied_sample(broken, unprivileged):
     assert out["raise2"] == out["raise0"]
     for workers in (0, 2):
         assert out[f"skip{workers}"] == [IMAGES - 1, [[BAD, path]]]
+
+
+
+def children() -> set[int]:
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+def workers_alive(before: set[int]) -> set[int]:
+    """The pids of this process's live children that were not in ``before``."""
+    alive = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.pid not in before and child.status() != psutil.STATUS_ZOMBIE:
+                alive.add(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
+
+
+def raise_twice(data: DataLoader, path: str, before: set[int]) -> list[set[int]]:
+    """Run two epochs that raise the error of ``path``; the live workers right after each,
+    while its traceback (which holds the epoch's iterator) is still in hand."""
+    alive = []
+    for _ in range(2):
+        with pytest.raises(fastload.CorruptSampleError) as info:
+            for _ in data:
+                pass
+        assert info.value.path == path
+        alive.append(workers_alive(before))
+    return alive
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("broken", ["corrupt"], indirect=True)
+def test_an_epoch_that_raised_stops_its_workers_at_once(broken):
+    samples, path, _ = broken
+    before = children()
+    assert raise_twice(loader(samples, "raise", 2), path, before) == [set(), set()]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("broken", ["corrupt"], indirect=True)
+def test_persistent_workers_outlive_an_epoch_that_raised(broken):
+    samples, path, _ = broken
+    data = DataLoader(ImageFolder(samples, size=16), batch_size=2, num_workers=2, persistent_workers=True)
+    before = children()
+    first, second = raise_twice(data, path, before)
+    assert len(first) == 2 and second == first  # the next epoch ran on the same workers
+    data.engine.close()
+    assert workers_alive(before) == set()
+
+
+@pytest.mark.timeout(90)
+def test_a_first_epoch_measuring_engines_stops_them_when_it_raises(tmp_path):
+    # backend="auto" times the threaded engine on the first batches, then torch workers: the
+    # broken sample falls in torch's share, so the error comes while its workers run; enough
+    # images for every candidate's share with as many workers as fastload may choose
+    images = 4 * PROBE_BATCHES + 2 * MAX_WORKERS_WITHOUT_GPU + 16
+    root = make_jpeg_folder(tmp_path / "data", images=images, classes=1, size=(48, 40))
+    samples = list(ImageFolder(root).samples)
+    bad = PROBE_BATCHES + AHEAD + 1 + 2
+    break_file(Path(samples[bad][0]), "corrupt")
+    data = DataLoader(ImageFolder(samples, size=16), batch_size=1, backend="auto")
+    assert data.num_workers >= 1  # the torch candidate runs worker processes
+    before = children()
+    assert raise_twice(data, samples[bad][0], before) == [set(), set()]
+    assert [m.name for m in data.engine.measures[:2]] == ["threads", "torch"]
+    assert not [t for t in threading.enumerate() if t.name.startswith("fastload")]

@@ -16,8 +16,9 @@ An engine
 * keeps no position of its own (the batch plan is the position), and says whether the next
   epoch continues workers kept from the last one (:attr:`Engine.reuses_iterator`, which the
   replay resume needs: NOTE [persistent workers] in :mod:`fastload.loader.resume`);
-* forgets what it keeps between epochs on :meth:`Engine.restart`, and leaves no thread or
-  process behind after :meth:`Engine.close`.
+* stops an epoch that ended with an error on :meth:`Engine.abandon` (NOTE [an epoch that
+  raised] in :mod:`fastload.loader.iterator`), forgets what it keeps between epochs on
+  :meth:`Engine.restart`, and leaves no thread or process behind after :meth:`Engine.close`.
 
 tests/contracts/test_engines.py holds every registered engine to this.
 
@@ -137,6 +138,12 @@ class Engine(abc.ABC):
     def reuses_iterator(self) -> bool:
         """Whether the next epoch continues workers kept from the last one (draws no seed)."""
         return False
+
+    def abandon(self, epoch: Iterator[Any]) -> None:
+        """``epoch``, an iterator :meth:`epoch` returned, ended with an error out of the loop
+        (a sample error, Ctrl-C, a timeout): stop what serves it now, not when the iterator
+        is collected. What the engine keeps between epochs (persistent workers) stays.
+        An engine whose epochs close themselves on an error needs nothing here."""
 
     def restart(self) -> None:
         """Forget anything kept between epochs (persistent workers), so the next epoch

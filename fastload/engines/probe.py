@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -114,6 +115,7 @@ class ProbeEngine(Engine):
         self.reason: str | None = None
         self.measures: list[Measure] = []
         self._trial: list[Engine] = []
+        self._probing: weakref.ref[Iterator[Any]] | None = None
 
     @property
     def reuses_iterator(self) -> bool:
@@ -122,7 +124,20 @@ class ProbeEngine(Engine):
     def epoch(self) -> Iterator[Any]:
         if self.chosen is not None:
             return self.chosen.epoch()
-        return self._first_epoch()
+        first = self._first_epoch()
+        self._probing = weakref.ref(first)
+        return first
+
+    def abandon(self, epoch: Iterator[Any]) -> None:
+        """A later epoch: the chosen engine's to stop. The first one: end its generator and
+        close the candidates and the engine chosen in it (the next epoch starts its own)."""
+        probing = self._probing() if self._probing is not None else None
+        if epoch is not probing:
+            if self.chosen is not None:
+                self.chosen.abandon(epoch)
+            return
+        probing.close()  # type: ignore[attr-defined]
+        self.close()
 
     def _first_epoch(self) -> Iterator[Any]:
         context = self._context

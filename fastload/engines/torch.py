@@ -61,9 +61,19 @@ class TorchEngine(Engine):
         self._plan = context.batch_sampler
         self._parts = context.parts
         self._draws_like_torch = draws_like_torch
-        self._private: torch.utils.data.DataLoader | None = None
+        self._kept = _Kept()
         self._current: weakref.ref[Iterator[Any]] | None = None
         _close_at_exit(self)
+        weakref.finalize(self, _drop_kept, self._kept).atexit = False
+
+    @property
+    def _private(self) -> torch.utils.data.DataLoader | None:
+        """The private loader (NOTE [workers of a collected loader])."""
+        return self._kept.loader
+
+    @_private.setter
+    def _private(self, private: torch.utils.data.DataLoader | None) -> None:
+        self._kept.loader = private
 
     @property
     def _loader(self) -> torch.utils.data.DataLoader:
@@ -104,6 +114,16 @@ class TorchEngine(Engine):
             iterator = torch.utils.data.dataloader.DataLoader.__iter__(private)
         self._current = weakref.ref(iterator)
         return iterator
+
+    def abandon(self, epoch: Iterator[Any]) -> None:
+        """Shut down the workers of an epoch that raised, unless they persist.
+
+        Left to torch, they would live as long as the error's traceback holds the iterator,
+        and when the cycle collector frees it they stall its shutdown: their queues' feeder
+        threads stop before torch's ``__del__`` runs, so the workers never hear the
+        shutdown and are joined with a timeout each (5 s), then killed."""
+        if epoch is not self.kept_iterator:
+            _shut_down(epoch)
 
     def restart(self) -> None:
         """Shut down persistent workers; the next epoch starts new ones from the dataset now
@@ -163,6 +183,31 @@ def private_loader(
     if loader.batch_sampler is None:  # unbatched: the plan is the index sampler
         return torch.utils.data.dataloader.DataLoader(dataset, batch_size=None, sampler=plan, **settings)
     return torch.utils.data.dataloader.DataLoader(dataset, batch_sampler=plan, **settings)
+
+
+# NOTE [workers of a collected loader]
+# A loader left in a reference cycle (a traceback that holds it, a framework's objects that
+# point at each other) is freed by the cycle collector, and with it, when the engine held
+# them alone, its persistent workers' iterator and queues. The collector runs the queues'
+# weakref callbacks before torch's ``__del__``: their feeder threads get the sentinel and
+# stop, so torch's shutdown puts its stop message into a queue nobody sends, and waits 5 s
+# for each worker before it kills it, in whatever thread the collection ran. So the private
+# loader sits in a _Kept that a finalizer of the engine also holds: it is never part of such
+# garbage, and when the engine goes the finalizer drops it: freed by its reference count,
+# torch's ``__del__`` shuts the workers down with their queues whole.
+class _Kept:
+    """The engine's private loader, shared with the engine's finalizer."""
+
+    __slots__ = ("loader",)
+
+    def __init__(self) -> None:
+        self.loader: torch.utils.data.DataLoader | None = None
+
+
+def _drop_kept(kept: _Kept) -> None:
+    # Dropped, not shut down: an epoch's iterator still in use (``iter(DataLoader(...))``
+    # keeps only the iterator) goes on; one nobody holds is freed here, by its count.
+    kept.loader = None
 
 
 # NOTE [workers end at exit]

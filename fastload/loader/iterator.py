@@ -18,6 +18,7 @@ import collections
 import itertools
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -82,7 +83,13 @@ class LoaderIterator(Iterator[Any]):
         feeder: DeviceFeeder | None = None,
     ) -> None:
         self._inner = inner
+        # NOTE [workers of a collected loader] (fastload.engines.torch), for one epoch: held
+        # from a finalizer, torch's iterator is never part of the cycle collector's garbage, so
+        # its shutdown finds its queues whole when an iterator left in a cycle is freed.
+        weakref.finalize(self, _let_go, inner).atexit = False
         self._meter = loader.meter
+        # The engine that made ``inner``: told when the epoch raises (NOTE [an epoch that raised]).
+        self._engine = loader.engine if declared or feeder is not None else None
         # NOTE [two ways to resume]: batches count when the user gets them; _unwrap records how
         # many of torch's items each one stands for (an all-skipped batch is never handed out).
         self._progress = progress
@@ -110,6 +117,18 @@ class LoaderIterator(Iterator[Any]):
             batch = self._next()
         except StopIteration:
             self._progress.done = True
+            raise
+        except BaseException:
+            # NOTE [an epoch that raised]
+            # Here batches come through generators (_unwrap, prefetch, the feeder), which end
+            # when an error passes through them: the epoch is over (a next() stops). Its
+            # workers are stopped now, not when the error's traceback lets the iterator go.
+            # The plain kinds call torch's iterator directly and keep torch's behaviour: a
+            # worker's error leaves the iterator usable, and its workers running.
+            try:
+                self._engine.abandon(self._inner)  # type: ignore[union-attr]
+            except Exception as exc:  # noqa: BLE001 - the epoch's own error is the one to see
+                logger.warning("could not stop the workers of an epoch that raised: %s", exc)
             raise
         self._progress.batches += self._counts.popleft() if self._counts else 1
         return batch
@@ -174,6 +193,10 @@ class _MeteredPlain(LoaderIterator):
         self._add_end(t1)
         self._progress.batches += 1
         return batch
+
+
+def _let_go(inner: Iterator[Any]) -> None:
+    """A finalizer's callback: nothing to do, the finalizer only held ``inner`` until now."""
 
 
 def _unwrap(

@@ -4,7 +4,8 @@ Each engine runs an ImageFolder whose label is the sample's own index, so a batc
 say exactly which samples it holds. Every engine must: follow the loader's batch plan
 (order, len, drop_last, the rank's shard), resume mid-epoch exactly (the shared resume
 helper), skip failed samples under on_error="skip" naming file and index, raise errors that
-name the file and index otherwise, and leave no thread or process behind after close().
+name the file and index otherwise (and stop the workers of the epoch that raised at once),
+and leave no thread or process behind after close().
 """
 
 from __future__ import annotations
@@ -136,6 +137,25 @@ def test_an_error_names_the_file_and_index(engine, damaged):
         list(loader)
     assert (info.value.index, info.value.path) == (7, bad[7])
     assert bad[7] in str(info.value) and "index 7" in str(info.value)
+
+
+@pytest.mark.timeout(120)
+def test_an_epoch_that_raised_leaves_no_process_while_its_error_is_held(engine, damaged):
+    samples, _ = damaged
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    loader = make_loader(engine, samples, batch_size=6, shuffle=False, persistent_workers=False)
+    with pytest.raises(CorruptSampleError) as info:
+        list(loader)
+    assert info.value.index == 7
+    # the traceback in `info` still holds the epoch's iterator (NOTE [an epoch that raised])
+    left = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.pid not in children and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p.pid)
+        except psutil.NoSuchProcess:
+            continue
+    assert left == []
 
 
 @pytest.mark.timeout(120)
