@@ -6,8 +6,6 @@ two cache directories through a real Redis."""
 
 from __future__ import annotations
 
-import multiprocessing
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ pytest.importorskip("datasets")
 
 from fastload import DataLoader, ParquetImages
 from fastload.errors import ConfigError, UnreadableSampleError
+from tests.contracts.shard_cache import two_processes_read_everything, wait_for
 from tests.fixtures.s3 import upload_folder
 from tests.test_parquet import write_hf
 
@@ -78,25 +77,11 @@ def test_a_cold_epoch_downloads_each_file_once_and_equals_the_local_run(
     assert len(data) == len(remote)
 
 
-def _read_all(urls, options, cache, out):
-    ds = ParquetImages(urls, size=32, cache=cache, storage_options=options)
-    data = [ds.read_bytes(i) for i in range(len(ds))]
-    out.put((sum(len(d) for d in data), ds.shard_store.downloads))
-
-
 def test_two_processes_on_a_node_download_each_file_once(remote, s3_options, s3_server, tmp_path):
     cache = {"disk": str(tmp_path / "cache")}
     remote_ds(remote, s3_options, cache)  # the index, stored for both
     s3_server.reset_counts()
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_read_all, args=(remote, s3_options, cache, out)) for _ in range(2)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=240) for _ in procs]
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    results = two_processes_read_everything(ParquetImages, remote, s3_options, cache)
     assert results[0][0] == results[1][0] > 0
     assert sum(r[1] for r in results) == len(remote)
     assert file_gets(s3_server, remote) == [1] * len(remote)
@@ -141,13 +126,6 @@ def test_a_budget_below_the_files_an_epoch_reads_at_once_is_refused(remote, s3_o
         remote_ds(remote, s3_options, {"disk": str(tmp_path / "c"), "shard_budget": 1000})
 
 
-def _wait_for(condition, what: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.02)
-
-
 def test_files_are_downloaded_ahead_in_the_epoch_order_within_the_budget(
         remote, s3_options, s3_server, tmp_path):
     largest = max(remote_ds(remote, s3_options, None).index.sizes)
@@ -159,13 +137,13 @@ def test_files_are_downloaded_ahead_in_the_epoch_order_within_the_budget(
     ahead = ds.follow_epoch(order)
     try:
         assert ahead.ahead == 1
-        _wait_for(lambda: ahead.fetched == 2, "2 files ahead")
+        wait_for(lambda: ahead.fetched == 2, "2 files ahead")
         groups = ds.index.groups[order]
         first = [int(f) for f in dict.fromkeys(ds.index.group_file[groups].tolist())]
         fetched = [i for i, n in enumerate(file_gets(s3_server, remote)) if n]
         assert sorted(fetched) == sorted(first[:2])  # the next ones in the order, no other
         ahead.advance(len(order))  # the reader is at the end: the last comes, evicting the first
-        _wait_for(lambda: ahead.fetched == len(remote), "every file")
+        wait_for(lambda: ahead.fetched == len(remote), "every file")
     finally:
         ahead.stop()
     assert ds.shard_store.files.used() <= budget and ds.shard_store.evicted == 1

@@ -6,7 +6,6 @@ real Redis between two cache directories."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch
 
 from fastload import DataLoader, TarShards
 from fastload.errors import ConfigError, UnreadableSampleError
+from tests.contracts.shard_cache import two_processes_read_everything, wait_for
 from tests.fixtures.s3 import upload_folder
 from tests.test_shards import write_shards
 
@@ -91,25 +91,11 @@ def test_every_engine_is_served_from_the_local_shards(
     assert same(got, batches(local_ds(local_shards), backend))
 
 
-def _read_all(urls, options, cache, out):
-    ds = TarShards(urls, size=32, cache=cache, storage_options=options)
-    data = [ds.read_bytes(i) for i in range(len(ds))]
-    out.put((sum(len(d) for d in data), ds.shard_store.downloads))
-
-
 def test_two_processes_on_a_node_download_each_shard_once(remote, s3_options, s3_server, tmp_path):
     cache = {"disk": str(tmp_path / "cache")}
     remote_ds(remote, s3_options, cache)  # the index, stored for both
     s3_server.reset_counts()
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_read_all, args=(remote, s3_options, cache, out)) for _ in range(2)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=240) for _ in procs]
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    results = two_processes_read_everything(TarShards, remote, s3_options, cache)
     assert results[0][0] == results[1][0] > 0
     assert sum(r[1] for r in results) == len(remote)
     assert shard_gets(s3_server, remote) == [1] * len(remote)
@@ -208,15 +194,6 @@ def test_verify_and_clear_know_the_shards_directory(remote, s3_options, tmp_path
     assert len(left) == 1 and ds.read_bytes(20)
 
 
-def _wait_for(condition, what: str, timeout: float = 120.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.02)
-
-
 def test_shards_are_downloaded_ahead_in_the_epoch_order_within_the_budget(
         remote, s3_options, s3_server, tmp_path):
     largest = max(int(v.split(":")[0]) for v in remote_ds(remote, s3_options, None).index.versions)
@@ -228,12 +205,12 @@ def test_shards_are_downloaded_ahead_in_the_epoch_order_within_the_budget(
     ahead = ds.follow_epoch(order)
     try:
         assert ahead.ahead == 2
-        _wait_for(lambda: ahead.fetched == 3, "3 shards ahead")
+        wait_for(lambda: ahead.fetched == 3, "3 shards ahead")
         first = [int(s) for s in dict.fromkeys(ds.index.shards[order].tolist())]
         fetched = [i for i, n in enumerate(shard_gets(s3_server, remote)) if n]
         assert sorted(fetched) == sorted(first[:3])  # the next ones in the order, no others
         ahead.advance(len(order))  # the reader is at the end: the rest come, evicting the first
-        _wait_for(lambda: ahead.fetched == len(remote), "every shard")
+        wait_for(lambda: ahead.fetched == len(remote), "every shard")
     finally:
         ahead.stop()
     assert ds.shard_store.files.used() <= budget and ds.shard_store.evicted == 2

@@ -54,7 +54,7 @@ from fastload.data.parquet_build import column_name, expand_urls, parquet_index
 from fastload.data.parquet_index import ParquetIndex
 from fastload.data.parquet_read import GroupLRU, decode_column, pyarrow_parquet, read_metadata
 from fastload.data.pipeline import ImagePipeline, Normalize
-from fastload.data.shard_cache_use import CachedShards, shard_refs
+from fastload.data.shard_cache_use import CachedShards, cached_range, shard_refs, store_range
 from fastload.data.shard_order import ShardOrder
 from fastload.data.stored_listing import DEFAULT_MAX_AGE_S
 from fastload.errors import ConfigError, CorruptSampleError, EmptyDatasetError, SampleError
@@ -284,13 +284,10 @@ class ParquetImages(DeclaredImages):
         if self._shards is not None or self._cache is None or self.local:
             return self._range(file, start, length)
         key = self._cache.key_of(f"{self.urls[file]}#{start}+{length}", self.index.versions[file])
-        for tier in self._cache.tiers:
-            data = tier.get(key)
-            if data is not None:
-                return data
-        data = self._origin(file, start, length)
-        for tier in self._cache.tiers:
-            tier.put(key, data)
+        data = cached_range(self._cache, key)
+        if data is None:
+            data = self._origin(file, start, length)
+            store_range(self._cache, key, data)
         return data
 
     def _range(self, file: int, start: int, length: int) -> bytes:

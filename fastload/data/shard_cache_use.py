@@ -23,7 +23,8 @@ for that is the same for every format, so it lives here once:
   :class:`~fastload.cache.shardahead.ShardAhead`, as far as the budget allows.
 
 Without a disk tier (memory or Redis only), for local files, or when the store cannot be
-opened, :meth:`CachedShards.open` gives None and the dataset reads ranges as cache entries.
+opened, :meth:`CachedShards.open` gives None and the dataset reads ranges, cached as entries
+(:func:`cached_range`, :func:`store_range`) where it has a cache.
 
 Example::
 
@@ -45,11 +46,27 @@ from fastload.cache.shardahead import ShardAhead
 from fastload.cache.shardstore import ShardBusyError, ShardRef, ShardStore, open_shard_store
 from fastload.errors import ConfigError
 
-__all__ = ["AHEAD_MAX", "CachedShards", "shard_refs"]
+__all__ = ["AHEAD_MAX", "CachedShards", "cached_range", "shard_refs", "store_range"]
 
 AHEAD_MAX = 4
 """Files downloaded ahead of the one the reader is in, at most (fewer where the budget is
 tight)."""
+
+
+def cached_range(cache: Any, key: str | None) -> bytes | None:
+    """A range cached as an entry under ``key`` (a cache without a shard store): the first
+    tier's that has it; None when none has it, or ``key`` is None (nothing cached)."""
+    for tier in cache.tiers if key is not None else ():
+        data = tier.get(key)
+        if data is not None:
+            return data
+    return None
+
+
+def store_range(cache: Any, key: str | None, data: bytes) -> None:
+    """Cache a range read from the origin as an entry under ``key`` in every tier (None: not)."""
+    for tier in cache.tiers if key is not None else ():
+        tier.put(key, data)
 
 
 def shard_refs(urls: Sequence[str], paths: Sequence[str], versions: Sequence[str],

@@ -44,7 +44,7 @@ from fastload.data.folder_args import check_callables, check_steps, decode_steps
 from fastload.data.folder_rules import default_loader
 from fastload.data.pipeline import ImagePipeline, Normalize
 from fastload.data.shard_build import shard_index
-from fastload.data.shard_cache_use import CachedShards, shard_refs
+from fastload.data.shard_cache_use import CachedShards, cached_range, shard_refs, store_range
 from fastload.data.shard_index import ShardIndex
 from fastload.data.shard_order import ShardOrder
 from fastload.data.stored_listing import DEFAULT_MAX_AGE_S
@@ -225,19 +225,6 @@ class TarShards(DeclaredImages):
         member = f"{self.urls[shard]}#{offset}+{length}"
         return self._cache.key_of(member, self.index.versions[shard])
 
-    def _cached(self, key: str) -> bytes | None:
-        assert self._cache is not None
-        for tier in self._cache.tiers:
-            data = tier.get(key)
-            if data is not None:
-                return data
-        return None
-
-    def _store(self, key: str | None, data: bytes) -> None:
-        if key is not None and self._cache is not None:
-            for tier in self._cache.tiers:
-                tier.put(key, data)
-
     def _origin(self, index: int) -> bytes:
         shard, path, offset, length = self._where(index)
         data = self.fs.cat_file(path, start=offset, end=offset + length)
@@ -274,10 +261,10 @@ class TarShards(DeclaredImages):
                 raise self.unreadable(index, error) from exc
         key = self._key(index)
         try:
-            data = self._cached(key) if key is not None else None
+            data = cached_range(self._cache, key)
             if data is None:
                 data = self._origin(index)
-                self._store(key, data)
+                store_range(self._cache, key, data)
             return data
         except Exception as exc:  # NOTE [storage errors] in fastload.io.errors
             error = storage_error(exc, "read", self.sample_url(index))
@@ -299,8 +286,7 @@ class TarShards(DeclaredImages):
             batchinfo.record(time.perf_counter() - start, 0.0, 0)
             return out_local
         keys = [self._key(i) for i in indices]
-        out: list[bytes | Exception | None] = [
-            self._cached(k) if k is not None else None for k in keys]
+        out: list[bytes | Exception | None] = [cached_range(self._cache, k) for k in keys]
         missing = [k for k, data in enumerate(out) if data is None]
         if missing:
             where = [self._where(indices[k]) for k in missing]
@@ -312,7 +298,7 @@ class TarShards(DeclaredImages):
             for k, w, data in zip(missing, where, got):
                 if isinstance(data, bytes) and len(data) == w[3]:
                     out[k] = data
-                    self._store(keys[k], data)
+                    store_range(self._cache, keys[k], data)
                 else:
                     out[k] = None  # load() reads it again and names what failed
         batchinfo.record(time.perf_counter() - start, 0.0, 0)
