@@ -16,7 +16,7 @@ pytest.importorskip("datasets")
 
 from fastload import DataLoader, ParquetImages
 from fastload.errors import ConfigError, UnreadableSampleError
-from tests.contracts.shard_cache import two_processes_read_everything, wait_for
+from tests.contracts.shard_cache import ahead_in_order_within_budget, two_processes_download_once
 from tests.fixtures.s3 import upload_folder
 from tests.test_parquet import write_hf
 
@@ -81,10 +81,8 @@ def test_two_processes_on_a_node_download_each_file_once(remote, s3_options, s3_
     cache = {"disk": str(tmp_path / "cache")}
     remote_ds(remote, s3_options, cache)  # the index, stored for both
     s3_server.reset_counts()
-    results = two_processes_read_everything(ParquetImages, remote, s3_options, cache)
-    assert results[0][0] == results[1][0] > 0
-    assert sum(r[1] for r in results) == len(remote)
-    assert file_gets(s3_server, remote) == [1] * len(remote)
+    two_processes_download_once(ParquetImages, remote, s3_options, cache,
+                                lambda: file_gets(s3_server, remote))
 
 
 def test_a_file_changed_at_the_origin_is_not_served_stale(remote, local_files, s3_options,
@@ -132,22 +130,9 @@ def test_files_are_downloaded_ahead_in_the_epoch_order_within_the_budget(
     budget = 2 * largest  # room for 2 of the 3 files: the reader's and 1 ahead
     ds = remote_ds(remote, s3_options, {"disk": str(tmp_path / "cache"), "shard_budget": budget},
                    shuffle_window=1)
-    order = ds.epoch_order.permutation(5, 1, shuffle=True, num_replicas=1)
     s3_server.reset_counts()
-    ahead = ds.follow_epoch(order)
-    try:
-        assert ahead.ahead == 1
-        wait_for(lambda: ahead.fetched == 2, "2 files ahead")
-        groups = ds.index.groups[order]
-        first = [int(f) for f in dict.fromkeys(ds.index.group_file[groups].tolist())]
-        fetched = [i for i, n in enumerate(file_gets(s3_server, remote)) if n]
-        assert sorted(fetched) == sorted(first[:2])  # the next ones in the order, no other
-        ahead.advance(len(order))  # the reader is at the end: the last comes, evicting the first
-        wait_for(lambda: ahead.fetched == len(remote), "every file")
-    finally:
-        ahead.stop()
-    assert ds.shard_store.files.used() <= budget and ds.shard_store.evicted == 1
-    assert file_gets(s3_server, remote) == [1] * len(remote)
+    ahead_in_order_within_budget(ds, lambda order: ds.index.group_file[ds.index.groups[order]],
+                                 lambda: file_gets(s3_server, remote), ahead=1)
 
 
 def test_a_cache_without_a_disk_tier_and_local_files_keep_their_reads(

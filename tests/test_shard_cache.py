@@ -14,7 +14,7 @@ import torch
 
 from fastload import DataLoader, TarShards
 from fastload.errors import ConfigError, UnreadableSampleError
-from tests.contracts.shard_cache import two_processes_read_everything, wait_for
+from tests.contracts.shard_cache import ahead_in_order_within_budget, two_processes_download_once
 from tests.fixtures.s3 import upload_folder
 from tests.test_shards import write_shards
 
@@ -95,10 +95,8 @@ def test_two_processes_on_a_node_download_each_shard_once(remote, s3_options, s3
     cache = {"disk": str(tmp_path / "cache")}
     remote_ds(remote, s3_options, cache)  # the index, stored for both
     s3_server.reset_counts()
-    results = two_processes_read_everything(TarShards, remote, s3_options, cache)
-    assert results[0][0] == results[1][0] > 0
-    assert sum(r[1] for r in results) == len(remote)
-    assert shard_gets(s3_server, remote) == [1] * len(remote)
+    two_processes_download_once(TarShards, remote, s3_options, cache,
+                                lambda: shard_gets(s3_server, remote))
 
 
 def test_a_budget_smaller_than_the_dataset_streams_through(remote, s3_options, tmp_path):
@@ -200,17 +198,6 @@ def test_shards_are_downloaded_ahead_in_the_epoch_order_within_the_budget(
     budget = 3 * largest  # room for 3 of the 5 shards: the reader's and 2 ahead
     ds = remote_ds(remote, s3_options, {"disk": str(tmp_path / "cache"), "shard_budget": budget},
                    shuffle_window=1)
-    order = ds.epoch_order.permutation(5, 1, shuffle=True, num_replicas=1)
     s3_server.reset_counts()
-    ahead = ds.follow_epoch(order)
-    try:
-        assert ahead.ahead == 2
-        wait_for(lambda: ahead.fetched == 3, "3 shards ahead")
-        first = [int(s) for s in dict.fromkeys(ds.index.shards[order].tolist())]
-        fetched = [i for i, n in enumerate(shard_gets(s3_server, remote)) if n]
-        assert sorted(fetched) == sorted(first[:3])  # the next ones in the order, no others
-        ahead.advance(len(order))  # the reader is at the end: the rest come, evicting the first
-        wait_for(lambda: ahead.fetched == len(remote), "every shard")
-    finally:
-        ahead.stop()
-    assert ds.shard_store.files.used() <= budget and ds.shard_store.evicted == 2
+    ahead_in_order_within_budget(ds, lambda order: ds.index.shards[order],
+                                 lambda: shard_gets(s3_server, remote), ahead=2)
