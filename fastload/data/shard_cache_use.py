@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from fastload.cache import TieredCache
 from fastload.cache.shardahead import ShardAhead
 from fastload.cache.shardstore import ShardBusyError, ShardRef, ShardStore, open_shard_store
 from fastload.errors import ConfigError
@@ -53,19 +54,23 @@ AHEAD_MAX = 4
 tight)."""
 
 
-def cached_range(cache: Any, key: str | None) -> bytes | None:
+def cached_range(cache: TieredCache | None, key: str | None) -> bytes | None:
     """A range cached as an entry under ``key`` (a cache without a shard store): the first
     tier's that has it; None when none has it, or ``key`` is None (nothing cached)."""
-    for tier in cache.tiers if key is not None else ():
+    if cache is None or key is None:
+        return None
+    for tier in cache.tiers:
         data = tier.get(key)
         if data is not None:
             return data
     return None
 
 
-def store_range(cache: Any, key: str | None, data: bytes) -> None:
+def store_range(cache: TieredCache | None, key: str | None, data: bytes) -> None:
     """Cache a range read from the origin as an entry under ``key`` in every tier (None: not)."""
-    for tier in cache.tiers if key is not None else ():
+    if cache is None or key is None:
+        return
+    for tier in cache.tiers:
         tier.put(key, data)
 
 
@@ -94,7 +99,7 @@ class CachedShards:
         self.shuffle_window = int(shuffle_window)
 
     @classmethod
-    def open(cls, cache: Any, refs: Sequence[ShardRef], *, shuffle_window: int, owner: str,
+    def open(cls, cache: TieredCache | None, refs: Sequence[ShardRef], *, shuffle_window: int, owner: str,
              reads: str, local: bool = False) -> CachedShards | None:
         """The files in ``cache``'s shard store, or None: no cache, local files, a size the
         index does not know, or no writable disk tier. Raises :class:`ConfigError` when the
