@@ -16,7 +16,11 @@ pytest.importorskip("datasets")
 
 from fastload import DataLoader, ParquetImages
 from fastload.errors import ConfigError, UnreadableSampleError
-from tests.contracts.shard_cache import ahead_in_order_within_budget, two_processes_download_once
+from tests.contracts.shard_cache import (
+    ahead_in_order_within_budget,
+    damage_copies,
+    two_processes_download_once,
+)
 from tests.fixtures.s3 import upload_folder
 from tests.test_parquet import write_hf
 
@@ -101,6 +105,24 @@ def test_a_file_changed_at_the_origin_is_not_served_stale(remote, local_files, s
     new = remote_ds(copy, s3_options, {"disk": str(tmp_path / "cold")}, listing_max_age=0)
     local = ParquetImages(local_files, size=32)
     assert new.read_bytes(0) == local.read_bytes(20)  # file 1's first row, now file 0's
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_a_damaged_local_copy_is_downloaded_again_or_read_from_the_origin(
+        held, remote, s3_options, s3_server, tmp_path):
+    cache = {"disk": str(tmp_path / "cache")}
+    ds = remote_ds(remote, s3_options, cache)
+    expected = [ds.read_bytes(i) for i in range(len(ds))]
+    if not held:
+        ds.shard_store.release_all()  # as a process that ended
+    damage_copies(tmp_path / "cache" / "shards", "flip")
+    s3_server.reset_counts()
+    again = remote_ds(remote, s3_options, cache)  # a new process's store: checks each file
+    assert [again.read_bytes(i) for i in range(len(again))] == expected
+    if held:  # the first store still reads its copies: this one reads row groups by range
+        assert again.shard_store.downloads == 0 and sum(file_gets(s3_server, remote)) > 0
+    else:
+        assert file_gets(s3_server, remote) == [1] * len(remote)
 
 
 def test_redis_shares_files_between_two_cache_directories(

@@ -6,7 +6,6 @@ real Redis between two cache directories."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,11 @@ import torch
 
 from fastload import DataLoader, TarShards
 from fastload.errors import ConfigError, UnreadableSampleError
-from tests.contracts.shard_cache import ahead_in_order_within_budget, two_processes_download_once
+from tests.contracts.shard_cache import (
+    ahead_in_order_within_budget,
+    damage_copies,
+    two_processes_download_once,
+)
 from tests.fixtures.s3 import upload_folder
 from tests.test_shards import write_shards
 
@@ -126,15 +129,7 @@ def test_a_damaged_local_shard_is_downloaded_again_never_served(
     expected = [ds.read_bytes(i) for i in range(len(ds))]
     if damage != "flip while read":
         ds.shard_store.release_all()  # as a process that ended
-    for f in (tmp_path / "cache" / "shards").glob("*.data"):
-        with open(f, "r+b") as fh:
-            if damage == "truncate":  # the others flip a byte
-                fh.truncate(os.path.getsize(f) // 2)
-            else:
-                fh.seek(700)
-                byte = fh.read(1)
-                fh.seek(700)
-                fh.write(bytes([byte[0] ^ 0xFF]))
+    damage_copies(tmp_path / "cache" / "shards", "truncate" if damage == "truncate" else "flip")
     s3_server.reset_counts()
     again = remote_ds(remote, s3_options, cache)  # a new process's store: checks each file
     assert [again.read_bytes(i) for i in range(len(again))] == expected

@@ -4,14 +4,17 @@
 dataset over one cache directory and read every sample: each file must be downloaded once
 between them. :func:`ahead_in_order_within_budget` checks ``follow_epoch``: the files an
 epoch reads first are downloaded ahead, no other, as far as the budget allows, then the rest
-as the reader moves on. :func:`wait_for` polls a condition of a background downloader, bounded.
+as the reader moves on. :func:`damage_copies` damages the local copies in a cache's
+``shards/``. :func:`wait_for` polls a condition of a background downloader, bounded.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +44,20 @@ def two_processes_download_once(source: type, urls: list[str], options: dict, ca
     assert results[0][0] == results[1][0] > 0
     assert sum(downloads for _, downloads in results) == len(urls)
     assert gets() == [1] * len(urls)
+
+
+def damage_copies(shards: Path, how: str) -> None:
+    """Damage every local copy (``*.data``) in ``shards``: "truncate" to half its size, or
+    "flip" the byte at offset 700."""
+    for f in shards.glob("*.data"):
+        with open(f, "r+b") as fh:
+            if how == "truncate":
+                fh.truncate(os.path.getsize(f) // 2)
+                continue
+            fh.seek(700)
+            byte = fh.read(1)
+            fh.seek(700)
+            fh.write(bytes([byte[0] ^ 0xFF]))
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
