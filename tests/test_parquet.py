@@ -286,12 +286,14 @@ def test_the_index_is_stored_in_the_cache_and_reused(jpeg_root, tmp_path):
 
 
 def test_s3_reads_one_range_per_row_group_and_then_the_cache(
-        hf_files, s3_server, s3_options, tmp_path):
+        hf_files, s3_server, s3_options, redis_url):
+    # a cache without a disk tier keeps row groups' chunks as entries (with one, whole files
+    # are kept in its shard store: tests/test_parquet_cache.py)
     url = upload_folder(s3_options, Path(hf_files).parent, "s3://fastload-parquet/hf")
-    cache = {"disk": str(tmp_path / "cache")}
+    cache = {"redis": redis_url}
     s3_server.reset_counts()
     ds = ParquetImages(f"{url}/train-*.parquet", size=32, cache=cache, storage_options=s3_options)
-    assert ds.classes == CLASSES and len(ds) == 48
+    assert ds.classes == CLASSES and len(ds) == 48 and ds.shard_store is None
     indexed = s3_server.gets("fastload-parquet/")
     assert sum(indexed.values()) == 3 + 10  # per file its end, per row group its labels
     loader = DataLoader(ds, batch_size=8, shuffle=True, backend="torch", num_workers=2)
@@ -341,13 +343,15 @@ def test_the_row_group_lru_loads_a_group_once_and_keeps_at_least_its_minimum():
 
 
 def test_a_hub_file_is_versioned_by_its_blob_id():
-    # the fields of huggingface_hub's HfFileSystem.info() (hf:// cannot be reached here)
-    from fastload.data.parquet_build import file_version
+    # the fields of huggingface_hub's HfFileSystem.info() (hf:// cannot be reached here); the
+    # index and the shard store's check at download both version a file with version_of
+    from fastload.io.versions import version_of
 
     info = {"name": "datasets/o/d/train-0.parquet", "size": 10, "type": "file",
             "blob_id": "9f3a", "lfs": {"sha256": "ab", "size": 10}, "last_commit": None}
-    assert file_version(info) == "10:9f3a"
-    assert file_version({"size": 10, "ETag": '"e1"'}) == '10:"e1"'
+    assert version_of(info) == "10:9f3a"
+    assert version_of({**info, "blob_id": None}) == "10:ab"
+    assert version_of({"size": 10, "ETag": '"e1"'}) == '10:"e1"'
 
 
 def test_bad_arguments_say_what_to_pass(hf_files):

@@ -6,8 +6,6 @@ real Redis between two cache directories."""
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,11 @@ import torch
 
 from fastload import DataLoader, TarShards
 from fastload.errors import ConfigError, UnreadableSampleError
+from tests.contracts.shard_cache import (
+    ahead_in_order_within_budget,
+    damage_copies,
+    two_processes_download_once,
+)
 from tests.fixtures.s3 import upload_folder
 from tests.test_shards import write_shards
 
@@ -91,28 +94,12 @@ def test_every_engine_is_served_from_the_local_shards(
     assert same(got, batches(local_ds(local_shards), backend))
 
 
-def _read_all(urls, options, cache, out):
-    ds = TarShards(urls, size=32, cache=cache, storage_options=options)
-    data = [ds.read_bytes(i) for i in range(len(ds))]
-    out.put((sum(len(d) for d in data), ds.shard_store.downloads))
-
-
 def test_two_processes_on_a_node_download_each_shard_once(remote, s3_options, s3_server, tmp_path):
     cache = {"disk": str(tmp_path / "cache")}
     remote_ds(remote, s3_options, cache)  # the index, stored for both
     s3_server.reset_counts()
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_read_all, args=(remote, s3_options, cache, out)) for _ in range(2)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=240) for _ in procs]
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
-    assert results[0][0] == results[1][0] > 0
-    assert sum(r[1] for r in results) == len(remote)
-    assert shard_gets(s3_server, remote) == [1] * len(remote)
+    two_processes_download_once(TarShards, remote, s3_options, cache,
+                                lambda: shard_gets(s3_server, remote))
 
 
 def test_a_budget_smaller_than_the_dataset_streams_through(remote, s3_options, tmp_path):
@@ -142,15 +129,7 @@ def test_a_damaged_local_shard_is_downloaded_again_never_served(
     expected = [ds.read_bytes(i) for i in range(len(ds))]
     if damage != "flip while read":
         ds.shard_store.release_all()  # as a process that ended
-    for f in (tmp_path / "cache" / "shards").glob("*.data"):
-        with open(f, "r+b") as fh:
-            if damage == "truncate":  # the others flip a byte
-                fh.truncate(os.path.getsize(f) // 2)
-            else:
-                fh.seek(700)
-                byte = fh.read(1)
-                fh.seek(700)
-                fh.write(bytes([byte[0] ^ 0xFF]))
+    damage_copies(tmp_path / "cache" / "shards", "truncate" if damage == "truncate" else "flip")
     s3_server.reset_counts()
     again = remote_ds(remote, s3_options, cache)  # a new process's store: checks each file
     assert [again.read_bytes(i) for i in range(len(again))] == expected
@@ -208,32 +187,12 @@ def test_verify_and_clear_know_the_shards_directory(remote, s3_options, tmp_path
     assert len(left) == 1 and ds.read_bytes(20)
 
 
-def _wait_for(condition, what: str, timeout: float = 120.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.02)
-
-
 def test_shards_are_downloaded_ahead_in_the_epoch_order_within_the_budget(
         remote, s3_options, s3_server, tmp_path):
     largest = max(int(v.split(":")[0]) for v in remote_ds(remote, s3_options, None).index.versions)
     budget = 3 * largest  # room for 3 of the 5 shards: the reader's and 2 ahead
     ds = remote_ds(remote, s3_options, {"disk": str(tmp_path / "cache"), "shard_budget": budget},
                    shuffle_window=1)
-    order = ds.epoch_order.permutation(5, 1, shuffle=True, num_replicas=1)
     s3_server.reset_counts()
-    ahead = ds.follow_epoch(order)
-    try:
-        assert ahead.ahead == 2
-        _wait_for(lambda: ahead.fetched == 3, "3 shards ahead")
-        first = [int(s) for s in dict.fromkeys(ds.index.shards[order].tolist())]
-        fetched = [i for i, n in enumerate(shard_gets(s3_server, remote)) if n]
-        assert sorted(fetched) == sorted(first[:3])  # the next ones in the order, no others
-        ahead.advance(len(order))  # the reader is at the end: the rest come, evicting the first
-        _wait_for(lambda: ahead.fetched == len(remote), "every shard")
-    finally:
-        ahead.stop()
-    assert ds.shard_store.files.used() <= budget and ds.shard_store.evicted == 2
+    ahead_in_order_within_budget(ds, lambda order: ds.index.shards[order],
+                                 lambda: shard_gets(s3_server, remote), ahead=2)

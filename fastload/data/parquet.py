@@ -4,10 +4,12 @@ Each row holds an encoded image (Hugging Face's ``Image`` feature: a struct with
 and ``path``; or a plain binary column) and a label. The rows are found once from the files'
 footers and label columns (NOTE [the Parquet index] in :mod:`.parquet_index`); a sample's
 bytes are a value of its row group's image column, read as one byte range per row group
-through the cache and kept in a small per-process LRU (NOTE [one range per row group] in
-:mod:`.parquet_read`), then decoded by whichever engine runs the loader (threads with ROI
-decode, torch workers, DALI), exactly as :class:`~fastload.ImageFolder`'s files are (NOTE
-[a declared dataset] in :mod:`.declared`). ``fastload.DataLoader`` reads it in a row-group
+and kept in a small per-process LRU (NOTE [one range per row group] in :mod:`.parquet_read`):
+with a disk cache, from the local copy of the whole file, downloaded ahead in the epoch's
+order (NOTE [a dataset on the shard store] in :mod:`.shard_cache_use`), else through the
+cache's entries or from the origin. Then it is decoded by whichever engine runs the
+loader (threads with ROI decode, torch workers, DALI), exactly as
+:class:`~fastload.ImageFolder`'s files are (NOTE [a declared dataset] in :mod:`.declared`). ``fastload.DataLoader`` reads it in a row-group
 aware order (NOTE [shard-aware order] with row groups as the shards). docs/shards.md has
 the whole story.
 
@@ -42,14 +44,17 @@ from fastload.arguments import (
     check_size,
 )
 from fastload.cache import TieredCache, open_cache
+from fastload.cache.shardahead import ShardAhead
+from fastload.cache.shardstore import ShardStore
 from fastload.data import batchinfo
 from fastload.data.declared import DeclaredImages, OnError
 from fastload.data.folder_args import check_callables, check_steps, decode_steps
 from fastload.data.folder_rules import default_loader
-from fastload.data.parquet_build import expand_urls, parquet_index
+from fastload.data.parquet_build import column_name, expand_urls, parquet_index
 from fastload.data.parquet_index import ParquetIndex
 from fastload.data.parquet_read import GroupLRU, decode_column, pyarrow_parquet, read_metadata
 from fastload.data.pipeline import ImagePipeline, Normalize
+from fastload.data.shard_cache_use import CachedShards, cached_range, shard_refs, store_range
 from fastload.data.shard_order import ShardOrder
 from fastload.data.stored_listing import DEFAULT_MAX_AGE_S
 from fastload.errors import ConfigError, CorruptSampleError, EmptyDatasetError, SampleError
@@ -66,25 +71,6 @@ GROUP_READS = 8
 HELD_WARNING_BYTES = 2**30
 """Decoded row groups a process keeps (``2 x shuffle_window`` of the largest) above which
 building the dataset warns."""
-
-
-def _patterns(files: Any) -> list[str]:
-    given = [files] if isinstance(files, (str, os.PathLike)) else list(files)
-    if not given or not all(isinstance(u, (str, os.PathLike)) for u in given):
-        raise ConfigError(
-            "ParquetImages needs Parquet file URLs: a glob ('s3://b/train-*.parquet'), a brace "
-            f"pattern ('train-{{00000..00009}}.parquet'), a URL, a local path or a list; got "
-            f"{files!r}")
-    return [os.fspath(u) for u in given]
-
-
-def _column(where: str, name: str, value: Any, allow_none: bool) -> str | None:
-    if value is None and allow_none:
-        return None
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{where}({name}={value!r}): pass a column name, or 'auto' to take "
-                          f"the first of the usual names{' (None: no labels)' if allow_none else ''}")
-    return value
 
 
 class ParquetImages(DeclaredImages):
@@ -104,9 +90,10 @@ class ParquetImages(DeclaredImages):
         label_column: the label column (ints, or names: their position among the sorted
             names); "auto" takes ``label`` or ``labels``; None: no labels (-1).
         size, train, normalize, pipeline: the declared steps, as ImageFolder's.
-        cache: where row groups' image chunks are cached (a directory, dict or CacheConfig;
-            docs/cache.md), and the index with them; None reads the origin. Local files are
-            read directly (the index is still kept).
+        cache: a directory, dict or CacheConfig (docs/cache.md) where the index is kept, and
+            remote files whole (a disk tier: its shard store, NOTE [the shard store]) or row
+            groups' image chunks (memory or Redis only); None reads the origin. Local files
+            are read directly (the index is still kept).
         on_error: "raise" (default) or "skip", as ImageFolder's.
         seed: seed of the random augmentations and of the epoch order; None follows torch.
         storage_options: passed to fsspec.
@@ -153,13 +140,13 @@ class ParquetImages(DeclaredImages):
         self.storage_options = check_mapping(where, "storage_options", storage_options)
         max_age = check_number(where, "listing_max_age", listing_max_age, low=0)
         self.shuffle_window = check_int(where, "shuffle_window", shuffle_window, minimum=1)
-        columns = (_column(where, "image_column", image_column, False),
-                   _column(where, "label_column", label_column, True))
+        columns = (column_name(where, "image_column", image_column, False),
+                   column_name(where, "label_column", label_column, True))
         check_callables(target_transform=target_transform)
         self.transform, self.target_transform = transform, target_transform
         self.pipeline, self.compiled = decode_steps(
             default_loader, transform, pipeline, size, train, normalize, cache)
-        self.urls = expand_urls(_patterns(files), self.storage_options)
+        self.urls = expand_urls(files, self.storage_options)
         self._cache: TieredCache | None = open_cache(cache)
         opened = [self._url_to_fs(u) for u in self.urls]
         if len({type(fs) for fs, _ in opened}) > 1:
@@ -178,6 +165,10 @@ class ParquetImages(DeclaredImages):
         self.classes = self.index.classes
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self._order = ShardOrder(self.index.group_sizes(), self.shuffle_window)
+        self._shards = CachedShards.open(
+            self._cache, shard_refs(self.urls, self.paths, self.index.versions, self.index.sizes),
+            shuffle_window=self.shuffle_window, owner="ParquetImages",
+            reads="row groups (from as many files)", local=self.local)
         self._process_state()
         held = 2 * self.shuffle_window * int(self.index.group_length.max(initial=0))
         if held > HELD_WARNING_BYTES:
@@ -207,6 +198,12 @@ class ParquetImages(DeclaredImages):
         if self._fs is None:
             self._fs = self._url_to_fs(self.urls[0])[0]
         return self._fs
+
+    @property
+    def shard_store(self) -> ShardStore | None:
+        """Where remote files with a disk cache are kept whole (NOTE [the shard store]); None:
+        each row group's chunk is a range read (cached as an entry with a cache)."""
+        return None if self._shards is None else self._shards.store
 
     @property
     def groups_loaded(self) -> int:
@@ -278,28 +275,42 @@ class ParquetImages(DeclaredImages):
 
     def group_bytes(self, group: int) -> bytes:
         """The bytes of row group ``group``'s image column chunk (groups counted over all
-        files): the one read of remote data (NOTE [one range per row group]). Through the
-        cache, under the key of ``<file URL>#<start>+<length>`` at the file's indexed
-        version; local files are read directly. Storage errors propagate as raised."""
+        files): the one read of remote data (NOTE [one range per row group]). Remote files with
+        a disk cache: from the local copy of the whole file (NOTE [a dataset on the shard
+        store]); other caches: under the key of ``<file URL>#<start>+<length>`` at the file's
+        indexed version; local files are read directly. Storage errors propagate as raised."""
         file = int(self.index.group_file[group])
         start, length = int(self.index.group_start[group]), int(self.index.group_length[group])
-        key = None
-        if self._cache is not None and not self.local:
-            key = self._cache.key_of(f"{self.urls[file]}#{start}+{length}",
-                                     self.index.versions[file])
-            for tier in self._cache.tiers:
-                data = tier.get(key)
-                if data is not None:
-                    return data
+        if self._shards is not None or self._cache is None or self.local:
+            return self._range(file, start, length)
+        key = self._cache.key_of(f"{self.urls[file]}#{start}+{length}", self.index.versions[file])
+        data = cached_range(self._cache, key)
+        if data is None:
+            data = self._origin(file, start, length)
+            store_range(self._cache, key, data)
+        return data
+
+    def _range(self, file: int, start: int, length: int) -> bytes:
+        """Bytes of file ``file``: from its local copy when the shard store has it, else the origin."""
+        if self._shards is not None:
+            return self._shards.read(self.fs, file, start, length, self._origin)
+        return self._origin(file, start, length)
+
+    def _origin(self, file: int, start: int, length: int) -> bytes:
         data = self.fs.cat_file(self.paths[file], start=start, end=start + length)
         if len(data) != length:
-            raise OSError(f"read {len(data)} of row group {int(self.index.group_number[group])}'s "
-                          f"{length} bytes at byte {start} (the file changed since it was "
-                          "indexed? build the ParquetImages again)")
-        if key is not None and self._cache is not None:
-            for tier in self._cache.tiers:
-                tier.put(key, data)
+            raise OSError(f"read {len(data)} of {length} bytes at byte {start} (the file changed "
+                          "since it was indexed? build the ParquetImages again)")
         return data
+
+    def follow_epoch(self, order: Sequence[int], start: int = 0) -> ShardAhead | None:
+        """Download the files of an epoch read in ``order`` ahead of need, in the order the
+        epoch first reads them (NOTE [a dataset on the shard store]); the loader calls it with
+        its rank's order. None without a shard store (no disk cache, local files)."""
+        if self._shards is None:
+            return None
+        groups = self.index.groups[np.asarray(order, dtype=np.int64)]
+        return self._shards.follow(self.fs, self.index.group_file[groups], start)
 
     def _load_group(self, group: int) -> Any:
         file = int(self.index.group_file[group])
@@ -308,7 +319,7 @@ class ParquetImages(DeclaredImages):
             metadata = self._metadata[file] = read_metadata(self.index.footer(file))
 
         def outside(offset: int, length: int) -> bytes:
-            return self.fs.cat_file(self.paths[file], start=offset, end=offset + length)
+            return self._range(file, offset, length)
 
         data = self.group_bytes(group)
         try:

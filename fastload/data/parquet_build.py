@@ -41,7 +41,7 @@ from fastload.io.versions import version_of
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "BUILD_JOBS", "IMAGE_COLUMNS", "LABEL_COLUMNS", "expand_urls", "file_version", "parquet_index",
+    "BUILD_JOBS", "IMAGE_COLUMNS", "LABEL_COLUMNS", "column_name", "expand_urls", "parquet_index",
 ]
 
 BUILD_JOBS = 16
@@ -54,11 +54,28 @@ _GLOB = set("*?[")
 Columns = tuple[str, "str | None"]  # (image column or "auto", label column, "auto" or None)
 
 
-def expand_urls(given: Sequence[str], storage_options: dict[str, Any]) -> list[str]:
-    """Every file the patterns name, in order: brace patterns expanded, and a pattern with
-    ``*``, ``?`` or ``[`` globbed on its filesystem (sorted). Local paths become absolute."""
+def column_name(where: str, name: str, value: Any, allow_none: bool) -> str | None:
+    """A column argument (``image_column``, ``label_column``) checked: a name or "auto"."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}({name}={value!r}): pass a column name, or 'auto' to take "
+                          f"the first of the usual names{' (None: no labels)' if allow_none else ''}")
+    return value
+
+
+def expand_urls(files: Any, storage_options: dict[str, Any]) -> list[str]:
+    """Every file the patterns in ``files`` (one, or a list) name, in order: brace patterns
+    expanded, and a pattern with ``*``, ``?`` or ``[`` globbed on its filesystem (sorted).
+    Local paths become absolute. ConfigError for anything but paths and URLs."""
+    given = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+    if not given or not all(isinstance(u, (str, os.PathLike)) for u in given):
+        raise ConfigError(
+            "ParquetImages needs Parquet file URLs: a glob ('s3://b/train-*.parquet'), a brace "
+            f"pattern ('train-{{00000..00009}}.parquet'), a URL, a local path or a list; got "
+            f"{files!r}")
     out: list[str] = []
-    for pattern in given:
+    for pattern in map(os.fspath, given):
         for url in expand_braces(pattern):
             head, _, last = url.rpartition("::")
             protocol, path = fsspec.core.split_protocol(last)
@@ -76,15 +93,6 @@ def expand_urls(given: Sequence[str], storage_options: dict[str, Any]) -> list[s
 
 def _absolute(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
-
-
-def file_version(info: dict[str, Any]) -> str:
-    """A file's version from its ``info()``: :func:`~fastload.io.versions.version_of`, with
-    the git blob id where huggingface_hub's filesystem gives one and no ETag or mtime (a
-    file rewritten with the same size is then another version)."""
-    version = version_of(info)
-    blob = info.get("blob_id") or (info.get("lfs") or {}).get("sha256")
-    return f"{version}:{blob}" if blob and ":" not in version else version
 
 
 def _hf_class_names(schema: Any, label: str) -> list[str] | None:
@@ -170,7 +178,7 @@ class _FileScan:
                 raise
             raise DatasetError(f"{self.url} is not a readable Parquet file: {exc}. Check that the "
                                "URL names a .parquet file") from exc
-        return FileRows(file_version(info), size, footer), metadata
+        return FileRows(version_of(info), size, footer), metadata
 
     def rows(self, found: FileRows, metadata: Any, leaf: str, label: str | None) -> FileRows:
         for g in range(metadata.num_row_groups):

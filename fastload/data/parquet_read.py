@@ -6,10 +6,10 @@ column chunk as a whole (pages, compression, the dictionary). So a sample's read
 group's image chunk: one byte range, ``(start, length)`` from the file's metadata, that the
 index keeps (NOTE [the Parquet index]). pyarrow is given the footer the index stored
 (``ParquetFile(..., metadata=...)``) and a file object, :class:`RangeFile`, that serves
-reads from the ranges it was handed, so it reads nothing else: one request per row group and
-file, read through whatever gave those bytes (the origin, the cache, a shard-granular cache
-later). A read outside the ranges (pyarrow pads old parquet-mr files' chunks) goes to a
-fallback read of the file.
+reads from the ranges it was handed, so it reads nothing else: one range per row group and
+file, read through whatever gave those bytes (the origin, the cache's entries, or the local
+copy of the whole file in the shard store). A read outside the ranges (pyarrow pads old
+parquet-mr files' chunks) goes to a fallback read of the file.
 
 The decoded column (an Arrow binary array) is kept in :class:`GroupLRU`, a per-process LRU
 of row groups (at least the ``2 x shuffle_window`` the order reads at once, more up to

@@ -37,13 +37,14 @@ from fastload.arguments import (
 )
 from fastload.cache import TieredCache, open_cache
 from fastload.cache.shardahead import ShardAhead
-from fastload.cache.shardstore import ShardBusyError, ShardRef, ShardStore, open_shard_store
+from fastload.cache.shardstore import ShardStore
 from fastload.data import batchinfo
 from fastload.data.declared import DeclaredImages, OnError
 from fastload.data.folder_args import check_callables, check_steps, decode_steps
 from fastload.data.folder_rules import default_loader
 from fastload.data.pipeline import ImagePipeline, Normalize
 from fastload.data.shard_build import shard_index
+from fastload.data.shard_cache_use import CachedShards, cached_range, shard_refs, store_range
 from fastload.data.shard_index import ShardIndex
 from fastload.data.shard_order import ShardOrder
 from fastload.data.stored_listing import DEFAULT_MAX_AGE_S
@@ -143,26 +144,16 @@ class TarShards(DeclaredImages):
         self.classes = self.index.classes
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self._order = ShardOrder(self.index.shard_sizes(), self.shuffle_window)
-        self._refs = [ShardRef(u, p, v, version_size(v) or -1)
-                      for u, p, v in zip(self.urls, self.paths, self.index.versions)]
-        self.shard_store: ShardStore | None = self._open_shard_store()
+        refs = shard_refs(self.urls, self.paths, self.index.versions,
+                          [version_size(v) for v in self.index.versions])
+        self._shards = CachedShards.open(self._cache, refs, shuffle_window=self.shuffle_window,
+                                         owner="TarShards", reads="shards", local=self.local)
 
-    def _open_shard_store(self) -> ShardStore | None:
-        """Whole shards in the cache's disk tier (NOTE [the shard store]), for remote shards
-        whose sizes the index knows; None: each sample is a range read cached as an entry."""
-        if self._cache is None or self.local or any(r.size < 0 for r in self._refs):
-            return None
-        store = open_shard_store(self._cache, keep_open=self.shuffle_window + 2)
-        largest = max(r.size for r in self._refs)
-        need = (self.shuffle_window + 1) * largest
-        if store is not None and store.budget < need:
-            raise ConfigError(
-                f"the shard budget ({store.budget} bytes) is too low for TarShards: an epoch reads "
-                f"shuffle_window={self.shuffle_window} shards at once and the largest of "
-                f"{self.urls[0]} ... is {largest} bytes. Raise the cache's shard_budget (or "
-                f"disk_size) to at least {need} bytes, or lower shuffle_window"
-            )
-        return store
+    @property
+    def shard_store(self) -> ShardStore | None:
+        """Where a remote dataset with a disk cache keeps its whole shards (NOTE [the shard
+        store]); None: each sample is a range read cached as an entry."""
+        return None if self._shards is None else self._shards.store
 
     def _open_all(self) -> tuple[Any, list[str]]:
         opened = [self._url_to_fs(u) for u in self.urls]
@@ -234,19 +225,6 @@ class TarShards(DeclaredImages):
         member = f"{self.urls[shard]}#{offset}+{length}"
         return self._cache.key_of(member, self.index.versions[shard])
 
-    def _cached(self, key: str) -> bytes | None:
-        assert self._cache is not None
-        for tier in self._cache.tiers:
-            data = tier.get(key)
-            if data is not None:
-                return data
-        return None
-
-    def _store(self, key: str | None, data: bytes) -> None:
-        if key is not None and self._cache is not None:
-            for tier in self._cache.tiers:
-                tier.put(key, data)
-
     def _origin(self, index: int) -> bytes:
         shard, path, offset, length = self._where(index)
         data = self.fs.cat_file(path, start=offset, end=offset + length)
@@ -258,33 +236,24 @@ class TarShards(DeclaredImages):
     def _from_store(self, index: int) -> bytes:
         """Sample ``index``'s bytes from the local copy of its shard (downloaded if needed);
         from the origin when another process holds the shard too long."""
-        assert self.shard_store is not None
+        assert self._shards is not None
         shard, _, offset, length = self._where(index)
-        try:
-            return self.shard_store.read(self.fs, self._refs[shard], offset, length)
-        except ShardBusyError:  # the store said why, once
-            return self._origin(index)
+        return self._shards.read(self.fs, shard, offset, length, lambda *_: self._origin(index))
 
     def follow_epoch(self, order: Sequence[int], start: int = 0) -> ShardAhead | None:
-        """Download the shards of an epoch read in ``order`` ahead of need (NOTE [the shard
-        store]); the loader calls it with its rank's order. None without a shard store."""
-        if self.shard_store is None or len(order) == 0:
+        """Download the shards of an epoch read in ``order`` ahead of need (NOTE [a dataset on
+        the shard store]); the loader calls it with its rank's order. None without a shard store."""
+        if self._shards is None:
             return None
-        shards = self.index.shards[np.asarray(order, dtype=np.int64)]
-        unique, first = np.unique(shards, return_index=True)
-        by_use = np.argsort(first)
-        largest = max(r.size for r in self._refs)
-        room = self.shard_store.budget // max(1, largest) - self.shuffle_window
-        ahead = ShardAhead(self.shard_store, self.fs, [self._refs[int(s)] for s in unique[by_use]],
-                           first[by_use].tolist(), ahead=max(1, min(4, room)), start=start)
-        return ahead.start()
+        return self._shards.follow(self.fs, self.index.shards[np.asarray(order, dtype=np.int64)],
+                                   start)
 
     def read_bytes(self, index: int) -> bytes:
         """The encoded bytes of sample ``index``: a read of the local copy of its shard (a
         remote dataset with a disk cache), else one range read of its shard (or the cache).
         A failed read raises :class:`~fastload.errors.UnreadableSampleError` naming the shard,
         the key and the index."""
-        if self.shard_store is not None:
+        if self._shards is not None:
             try:
                 return self._from_store(index)
             except Exception as exc:  # NOTE [storage errors] in fastload.io.errors
@@ -292,10 +261,10 @@ class TarShards(DeclaredImages):
                 raise self.unreadable(index, error) from exc
         key = self._key(index)
         try:
-            data = self._cached(key) if key is not None else None
+            data = cached_range(self._cache, key)
             if data is None:
                 data = self._origin(index)
-                self._store(key, data)
+                store_range(self._cache, key, data)
             return data
         except Exception as exc:  # NOTE [storage errors] in fastload.io.errors
             error = storage_error(exc, "read", self.sample_url(index))
@@ -307,7 +276,7 @@ class TarShards(DeclaredImages):
         if self.local:
             return [None] * len(indices)
         start = time.perf_counter()
-        if self.shard_store is not None:
+        if self._shards is not None:
             out_local: list[bytes | Exception | None] = []
             for i in indices:
                 try:
@@ -317,8 +286,7 @@ class TarShards(DeclaredImages):
             batchinfo.record(time.perf_counter() - start, 0.0, 0)
             return out_local
         keys = [self._key(i) for i in indices]
-        out: list[bytes | Exception | None] = [
-            self._cached(k) if k is not None else None for k in keys]
+        out: list[bytes | Exception | None] = [cached_range(self._cache, k) for k in keys]
         missing = [k for k, data in enumerate(out) if data is None]
         if missing:
             where = [self._where(indices[k]) for k in missing]
@@ -330,7 +298,7 @@ class TarShards(DeclaredImages):
             for k, w, data in zip(missing, where, got):
                 if isinstance(data, bytes) and len(data) == w[3]:
                     out[k] = data
-                    self._store(keys[k], data)
+                    store_range(self._cache, keys[k], data)
                 else:
                     out[k] = None  # load() reads it again and names what failed
         batchinfo.record(time.perf_counter() - start, 0.0, 0)

@@ -3,7 +3,8 @@
 NOTE [object versions]
 A version is a string built from the object's fsspec ``info()`` (or its listing entry, which
 carries the same fields): its size, plus the etag where the store has one, else its
-modification time (:func:`version_of`). Local files get a stronger one from ``os.stat``
+modification time, else (the Hugging Face Hub's filesystem) its git blob id
+(:func:`version_of`). Local files get a stronger one from ``os.stat``
 (:func:`local_version`): size, mtime, inode and ctime, in nanoseconds. A user can set a
 file's size and mtime back (``touch -d``, ``cp -p``, an ``rsync`` that keeps times), but not
 its ctime, which the kernel sets on every write, and a file replaced by rename has a new
@@ -35,7 +36,8 @@ _MTIME_FIELDS = ("mtime", "LastModified", "last_modified", "updated", "modified"
 
 
 def version_of(info: Mapping[str, Any]) -> str:
-    """The version of an object from its fsspec ``info()`` or listing entry: size + etag/mtime."""
+    """The version of an object from its fsspec ``info()`` or listing entry: size + etag/mtime
+    (+ git blob id on the Hugging Face Hub)."""
     size = info.get("size", info.get("Size"))
     for field in _ETAG_FIELDS + _MTIME_FIELDS:
         value = info.get(field)
@@ -43,7 +45,11 @@ def version_of(info: Mapping[str, Any]) -> str:
             if "ino" in info:  # a local file seen through a wrapper (latency::): ino + ctime too
                 return f"{size}:{value}:{info['ino']}:{info.get('created')}"
             return f"{size}:{value}"
-    return f"{size}"
+    # huggingface_hub's filesystem has neither; its git blob id (or LFS sha256) tells a
+    # rewritten file of the same size apart.
+    lfs = info.get("lfs")
+    blob = info.get("blob_id") or (lfs.get("sha256") if isinstance(lfs, Mapping) else None)
+    return f"{size}:{blob}" if blob else f"{size}"
 
 
 def local_version(st: os.stat_result) -> str:

@@ -47,7 +47,7 @@ def follow_loader(loader: DataLoader, source: Iterator[Any], *, start_batch: int
     cache = getattr(dataset, "cache", None)  # ImageFolder.cache
     sampler = loader.epoch_sampler
     batch = loader.batch_size
-    follow_epoch = getattr(dataset, "follow_epoch", None)  # whole shards ahead: TarShards
+    follow_epoch = getattr(dataset, "follow_epoch", None)  # sharded: whole files ahead
     if follow_epoch is not None and isinstance(sampler, EpochSampler) and batch:
         ahead = follow_epoch(sampler.indices(), start=start_batch * batch)
         if ahead is None:
@@ -55,7 +55,7 @@ def follow_loader(loader: DataLoader, source: Iterator[Any], *, start_batch: int
         _running[loader] = ahead
         return ahead.follow(source, batch)
     if (
-        storage is None  # a declared source without per-object paths (TarShards)
+        storage is None  # a declared source without per-object paths (TarShards, ParquetImages)
         or not isinstance(cache, TieredCache)
         or not cache.config.prefetch
         or not isinstance(sampler, EpochSampler)

@@ -1,0 +1,147 @@
+"""A sharded dataset's remote files read through the cache's shard store: what
+:class:`~fastload.TarShards` and :class:`~fastload.ParquetImages` share.
+
+NOTE [a dataset on the shard store]
+A dataset whose samples are byte ranges of a few large remote files (tar shards, Parquet
+files) keeps those files whole in the cache directory's ``shards/`` (NOTE [the shard store]
+in :mod:`fastload.cache.shardstore`) when its cache has a disk tier. What a dataset must do
+for that is the same for every format, so it lives here once:
+
+* **the refs**: a file is a :class:`~fastload.cache.shardstore.ShardRef` (URL, path, the
+  version its index recorded, size), so a file rewritten at the origin is never served from
+  an old copy (:class:`~fastload.cache.shardstore.ShardChangedError` instead);
+* **the store and its budget**, opened when the dataset is built: a process pins at most
+  ``shuffle_window + 2`` files, and a budget that cannot hold the files an epoch reads at
+  once (``shuffle_window + 1`` of the largest, at most all of them) is refused there with a
+  :class:`~fastload.errors.ConfigError` that says what to raise;
+* **a read**: ``(offset, length)`` of a file from its local copy; a copy another process
+  holds too long or damaged (:class:`~fastload.cache.shardstore.ShardBusyError`) is read
+  from the origin by the dataset's own range read;
+* **the epoch ahead**: given the file of each sample of an epoch's order (the loader's
+  ``follow_epoch``, NOTE in :mod:`fastload.loader.prefetch`), the files in the order of their
+  first use are downloaded ahead of the reader by a
+  :class:`~fastload.cache.shardahead.ShardAhead`, as far as the budget allows.
+
+Without a disk tier (memory or Redis only), for local files, or when the store cannot be
+opened, :meth:`CachedShards.open` gives None and the dataset reads ranges, cached as entries
+(:func:`cached_range`, :func:`store_range`) where it has a cache.
+
+Example::
+
+    >>> refs = shard_refs(urls, paths, versions, sizes)
+    >>> shards = CachedShards.open(cache, refs, shuffle_window=4, owner="TarShards",
+    ...                            reads="shards")
+    >>> data = shards.read(fs, 3, offset=1536, length=110_000, origin=read_from_origin)
+    >>> ahead = shards.follow(fs, file_of_each_sample_in_order, start=0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from fastload.cache import TieredCache
+from fastload.cache.shardahead import ShardAhead
+from fastload.cache.shardstore import ShardBusyError, ShardRef, ShardStore, open_shard_store
+from fastload.errors import ConfigError
+
+__all__ = ["AHEAD_MAX", "CachedShards", "cached_range", "shard_refs", "store_range"]
+
+AHEAD_MAX = 4
+"""Files downloaded ahead of the one the reader is in, at most (fewer where the budget is
+tight)."""
+
+
+def cached_range(cache: TieredCache | None, key: str | None) -> bytes | None:
+    """A range cached as an entry under ``key`` (a cache without a shard store): the first
+    tier's that has it; None when none has it, or ``key`` is None (nothing cached)."""
+    if cache is None or key is None:
+        return None
+    for tier in cache.tiers:
+        data = tier.get(key)
+        if data is not None:
+            return data
+    return None
+
+
+def store_range(cache: TieredCache | None, key: str | None, data: bytes) -> None:
+    """Cache a range read from the origin as an entry under ``key`` in every tier (None: not)."""
+    if cache is None or key is None:
+        return
+    for tier in cache.tiers:
+        tier.put(key, data)
+
+
+def shard_refs(urls: Sequence[str], paths: Sequence[str], versions: Sequence[str],
+               sizes: Sequence[int | None]) -> list[ShardRef]:
+    """A :class:`ShardRef` per file; a size not known is -1 (then no store is opened)."""
+    return [ShardRef(u, p, v, -1 if s is None else int(s))
+            for u, p, v, s in zip(urls, paths, versions, sizes)]
+
+
+class CachedShards:
+    """A dataset's files in a :class:`ShardStore` (NOTE [a dataset on the shard store]).
+
+    Args:
+        store: the cache's shard store.
+        refs: the dataset's files, by file number.
+        shuffle_window: the files an epoch's order reads at once (at most).
+
+    Attributes:
+        store, refs, shuffle_window: as given.
+    """
+
+    def __init__(self, store: ShardStore, refs: Sequence[ShardRef], shuffle_window: int) -> None:
+        self.store = store
+        self.refs = list(refs)
+        self.shuffle_window = int(shuffle_window)
+
+    @classmethod
+    def open(cls, cache: TieredCache | None, refs: Sequence[ShardRef], *, shuffle_window: int, owner: str,
+             reads: str, local: bool = False) -> CachedShards | None:
+        """The files in ``cache``'s shard store, or None: no cache, local files, a size the
+        index does not know, or no writable disk tier. Raises :class:`ConfigError` when the
+        store's budget is too low (``owner`` names the dataset class, ``reads`` what the
+        window counts: "shards", "row groups (from as many files)")."""
+        if cache is None or local or not refs or any(r.size < 0 for r in refs):
+            return None
+        store = open_shard_store(cache, keep_open=shuffle_window + 2)
+        if store is None:
+            return None
+        largest = max(r.size for r in refs)
+        need = min(shuffle_window + 1, len(refs)) * largest
+        if store.budget < need:
+            raise ConfigError(
+                f"the shard budget ({store.budget} bytes) is too low for {owner}: an epoch reads "
+                f"shuffle_window={shuffle_window} {reads} at once and the largest of "
+                f"{refs[0].url} ... is {largest} bytes. Raise the cache's shard_budget (or "
+                f"disk_size) to at least {need} bytes, or lower shuffle_window"
+            )
+        return cls(store, refs, shuffle_window)
+
+    def read(self, fs: Any, file: int, offset: int, length: int,
+             origin: Callable[[int, int, int], bytes]) -> bytes:
+        """Bytes ``[offset, offset + length)`` of file ``file`` from its local copy (downloaded
+        first if needed); ``origin(file, offset, length)`` when another process holds the copy
+        too long or damaged (the store warned once). Other errors propagate: the download's,
+        :class:`~fastload.cache.shardstore.ShardChangedError`."""
+        try:
+            return self.store.read(fs, self.refs[file], offset, length)
+        except ShardBusyError:
+            return origin(file, offset, length)
+
+    def follow(self, fs: Any, files: np.ndarray, start: int = 0) -> ShardAhead | None:
+        """Download ahead, in the order of their first use, the files of an epoch whose
+        samples lie in ``files`` (the file of each sample, in the epoch's order); the reader
+        is at sample ``start``. None for an empty epoch."""
+        if len(files) == 0:
+            return None
+        unique, first = np.unique(np.asarray(files), return_index=True)
+        by_use = np.argsort(first)
+        largest = max(r.size for r in self.refs)
+        room = self.store.budget // max(1, largest) - self.shuffle_window
+        ahead = ShardAhead(self.store, fs, [self.refs[int(f)] for f in unique[by_use]],
+                           first[by_use].tolist(), ahead=max(1, min(AHEAD_MAX, room)), start=start)
+        return ahead.start()
