@@ -50,7 +50,12 @@ def test_idle_workers_are_lowered_and_the_batches_stay(monkeypatch):
     first = epochs(loader, 1, step_s=0.06)
     busy = loader.meter.worker_stats().busy_share
     assert busy is not None and busy < 0.3, busy  # measured (about 1% here), not assumed
-    second = epochs(loader, 1, step_s=0.06)
+    # A pass the loop waited on is input-bound and keeps its workers (on a busy machine the
+    # second worker can start late in the first epoch): the next pass, workers up, decides.
+    for _ in range(2):
+        second = epochs(loader, 1, step_s=0.06)
+        if loader.num_workers < before:
+            break
     assert loader.num_workers < before
     reason = loader.settings.num_workers.reason
     assert f"(was {before})" in reason and "busy" in reason
