@@ -58,6 +58,12 @@ _each_sample = threading.local()  # .raising: a subclass's __getitem__ runs insi
 __all__ = ["DeclaredImages", "OnError", "is_declared"]
 
 
+def source_class(cls: type) -> type:
+    """fastload's own source class among ``cls`` and its bases (``ImageFolder``, ``TarShards``,
+    ``ParquetImages``): what a user's subclass of it overrides is measured against it."""
+    return next(c for c in cls.__mro__ if c.__module__.startswith("fastload."))
+
+
 def is_declared(dataset: Any) -> bool:
     """Whether ``dataset`` meets the declared-dataset contract (NOTE [a declared dataset])."""
     return isinstance(dataset, DeclaredImages)
@@ -129,7 +135,7 @@ class DeclaredImages(Dataset, abc.ABC):
         """Why only torch workers can run this dataset's samples, or None: a subclass that
         overrides the read path (``__getitem__``, ``__getitems__``, ``load``, ``finish``),
         which the in-process engines do not call."""
-        base = next(c for c in type(self).__mro__ if DeclaredImages in c.__bases__)
+        base = source_class(type(self))
         own = overridden(type(self), base, READ_PATH)
         if own:
             methods = ", ".join(f"{base.__name__}.{name}" for name in own)
@@ -246,7 +252,7 @@ class DeclaredImages(Dataset, abc.ABC):
         """:meth:`read_batch`, unless a subclass overrides :meth:`read_bytes` and not
         :meth:`read_batch`: then Nones, so each :meth:`load` reads through the subclass's own
         ``read_bytes`` (a decryption, say) on torch workers as the in-process engines do."""
-        base = next(c for c in type(self).__mro__ if DeclaredImages in c.__bases__)
+        base = source_class(type(self))
         if overridden(type(self), base, ("read_bytes", "read_batch")) == ["read_bytes"]:
             return [None] * len(indices)
         return self.read_batch(indices)

@@ -45,9 +45,8 @@ from fastload.arguments import (
 )
 from fastload.cache import TieredCache, open_cache
 from fastload.cache.shardahead import ShardAhead
-from fastload.cache.shardstore import ShardStore
 from fastload.data import batchinfo
-from fastload.data.declared import DeclaredImages, OnError
+from fastload.data.declared import OnError
 from fastload.data.folder_args import check_callables, check_steps, decode_steps
 from fastload.data.folder_rules import default_loader
 from fastload.data.parquet_build import column_name, expand_urls, parquet_index
@@ -56,10 +55,10 @@ from fastload.data.parquet_read import GroupLRU, decode_column, pyarrow_parquet,
 from fastload.data.pipeline import ImagePipeline, Normalize
 from fastload.data.shard_cache_use import CachedShards, cached_range, shard_refs, store_range
 from fastload.data.shard_order import ShardOrder
+from fastload.data.sharded import ShardedImages
 from fastload.data.stored_listing import DEFAULT_MAX_AGE_S
 from fastload.errors import ConfigError, CorruptSampleError, EmptyDatasetError, SampleError
 from fastload.io.errors import storage_error
-from fastload.io.origin import with_timeouts
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +72,7 @@ HELD_WARNING_BYTES = 2**30
 building the dataset warns."""
 
 
-class ParquetImages(DeclaredImages):
+class ParquetImages(ShardedImages):
     """Parquet files whose rows hold an encoded image and a label, as a map-style dataset.
 
     Takes :class:`~fastload.ImageFolder`'s and :class:`~fastload.TarShards`' arguments where
@@ -200,19 +199,10 @@ class ParquetImages(DeclaredImages):
         return self._fs
 
     @property
-    def shard_store(self) -> ShardStore | None:
-        """Where remote files with a disk cache are kept whole (NOTE [the shard store]); None:
-        each row group's chunk is a range read (cached as an entry with a cache)."""
-        return None if self._shards is None else self._shards.store
-
-    @property
     def groups_loaded(self) -> int:
         """Row groups this process has read and decoded (each read of one counts)."""
         self._here()
         return self._groups.loads
-
-    def _url_to_fs(self, url: str) -> tuple[Any, str]:
-        return fsspec.core.url_to_fs(url, **with_timeouts(url, self.storage_options))
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -221,33 +211,11 @@ class ParquetImages(DeclaredImages):
 
     # The contract ---------------------------------------------------------------------------
 
-    @property
-    def cache(self) -> TieredCache | None:
-        return self._cache
-
-    @property
-    def targets(self) -> np.ndarray:
-        return self.index.labels
-
-    @property
-    def epoch_order(self) -> ShardOrder:
-        return self._order
-
-    @property
-    def reads_local_files(self) -> bool:
-        return self.local
-
-    def __len__(self) -> int:
-        return len(self.index)
-
     def __repr__(self) -> str:
         more = " ..." if len(self.urls) > 1 else ""
         return (f"ParquetImages({self.urls[0]!r}{more}, {len(self.urls)} files, "
                 f"{len(self.index.group_file)} row groups, {len(self)} images, "
                 f"{len(self.classes)} classes, on_error={self.on_error!r})")
-
-    def label(self, index: int) -> int:
-        return int(self.index.labels[int(index)])
 
     def _place(self, index: int) -> tuple[str, int, int]:
         i = int(index)

@@ -37,9 +37,8 @@ from fastload.arguments import (
 )
 from fastload.cache import TieredCache, open_cache
 from fastload.cache.shardahead import ShardAhead
-from fastload.cache.shardstore import ShardStore
 from fastload.data import batchinfo
-from fastload.data.declared import DeclaredImages, OnError
+from fastload.data.declared import OnError
 from fastload.data.folder_args import check_callables, check_steps, decode_steps
 from fastload.data.folder_rules import default_loader
 from fastload.data.pipeline import ImagePipeline, Normalize
@@ -47,12 +46,12 @@ from fastload.data.shard_build import shard_index
 from fastload.data.shard_cache_use import CachedShards, cached_range, shard_refs, store_range
 from fastload.data.shard_index import ShardIndex
 from fastload.data.shard_order import ShardOrder
+from fastload.data.sharded import ShardedImages
 from fastload.data.stored_listing import DEFAULT_MAX_AGE_S
 from fastload.data.tarfiles import expand_braces
 from fastload.data.transforms import CompiledTransform
 from fastload.errors import ConfigError, EmptyDatasetError
 from fastload.io.errors import storage_error
-from fastload.io.origin import with_timeouts
 from fastload.io.versions import version_size
 
 __all__ = ["TarShards"]
@@ -69,7 +68,7 @@ def _urls(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> 
     return [u if "://" in u or "::" in u else os.path.abspath(os.path.expanduser(u)) for u in urls]
 
 
-class TarShards(DeclaredImages):
+class TarShards(ShardedImages):
     """WebDataset-format tar shards (``key.jpg`` + ``key.cls`` members) as a map-style dataset.
 
     Takes :class:`~fastload.ImageFolder`'s arguments where they mean the same.
@@ -149,12 +148,6 @@ class TarShards(DeclaredImages):
         self._shards = CachedShards.open(self._cache, refs, shuffle_window=self.shuffle_window,
                                          owner="TarShards", reads="shards", local=self.local)
 
-    @property
-    def shard_store(self) -> ShardStore | None:
-        """Where a remote dataset with a disk cache keeps its whole shards (NOTE [the shard
-        store]); None: each sample is a range read cached as an entry."""
-        return None if self._shards is None else self._shards.store
-
     def _open_all(self) -> tuple[Any, list[str]]:
         opened = [self._url_to_fs(u) for u in self.urls]
         if len({type(fs) for fs, _ in opened}) > 1:
@@ -170,40 +163,15 @@ class TarShards(DeclaredImages):
             self._fs, self._pid = self._url_to_fs(self.urls[0])[0], os.getpid()
         return self._fs
 
-    def _url_to_fs(self, url: str) -> tuple[Any, str]:
-        return fsspec.core.url_to_fs(url, **with_timeouts(url, self.storage_options))
-
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.update(_fs=None, _pid=-1)
         return state
 
-    @property
-    def cache(self) -> TieredCache | None:
-        return self._cache
-
-    @property
-    def targets(self) -> np.ndarray:
-        return self.index.labels
-
-    @property
-    def epoch_order(self) -> ShardOrder:
-        return self._order
-
-    @property
-    def reads_local_files(self) -> bool:
-        return self.local
-
-    def __len__(self) -> int:
-        return len(self.index)
-
     def __repr__(self) -> str:
         more = " ..." if len(self.urls) > 1 else ""
         return (f"TarShards({self.urls[0]!r}{more}, {len(self.urls)} shards, "
                 f"{len(self)} images, {len(self.classes)} classes, on_error={self.on_error!r})")
-
-    def label(self, index: int) -> int:
-        return int(self.index.labels[int(index)])
 
     def sample_name(self, index: int) -> str:
         shard = self.urls[int(self.index.shards[int(index)])]
