@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import io
 import json
@@ -39,17 +40,23 @@ Index = TypeVar("Index")
 _CLOCK_SKEW_S = 300.0  # an index "from the future" by more than this is not trusted
 
 
-class BlobIndex:
+class BlobIndex(abc.ABC):
     """What a blob-kept index shares: its ``meta`` header (``urls``, ``versions``, ``classes``,
     ``listed_at``), and pickling as its blob (one bytes object crosses to worker processes)."""
 
     meta: dict[str, Any]
 
-    def to_bytes(self) -> bytes:  # the subclass's blob
-        raise NotImplementedError
+    @abc.abstractmethod
+    def to_bytes(self) -> bytes:
+        """The index as one blob (:func:`pack`)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_bytes(cls, blob: bytes) -> BlobIndex:
+        """The index in ``blob``; ValueError for one that is damaged or of another format."""
 
     def __reduce__(self):
-        return (type(self).from_bytes, (self.to_bytes(),))  # type: ignore[attr-defined]
+        return (type(self).from_bytes, (self.to_bytes(),))
 
     @property
     def urls(self) -> list[str]:
