@@ -350,8 +350,8 @@ def _remove_stale_temps(root: str) -> None:
         try:
             os.unlink(os.path.join(root, name))
             logger.info("removed %s, left by a pack that did not finish (process %s)", name, match.group(2))
-        except OSError:
-            pass
+        except OSError as exc:  # gone meanwhile, or not ours to remove: left as it is
+            logger.debug("could not remove %s: %s", name, exc)
 
 
 _TEMP = re.compile(r"(.+\.(?:tar|idx)|" + re.escape(MANIFEST) + r")\.tmp-(\d+)")

@@ -46,9 +46,10 @@ def place(batch: Batch, k: int, sample: Any) -> None:
     one allocates the batch by its shape and dtype. Anything else (another shape or dtype, not
     a plain tensor: a tv_tensors subclass, a tuple) is kept for default collate, as before."""
     if type(sample) is torch.Tensor:
-        with batch.lock:
-            if batch.stacked is None:
-                batch.stacked = torch.empty((len(batch.indices), *sample.shape), dtype=sample.dtype)
+        if batch.stacked is None:  # the lock only until the batch exists
+            with batch.lock:
+                if batch.stacked is None:
+                    batch.stacked = torch.empty((len(batch.indices), *sample.shape), dtype=sample.dtype)
         row = batch.stacked
         if row.shape[1:] == sample.shape and row.dtype == sample.dtype:
             row[k].copy_(sample)
