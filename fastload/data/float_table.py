@@ -8,7 +8,7 @@ image, each writing a new float buffer (about 360 us for a 224x224 image here). 
 output float depends only on one uint8 value and its channel: there are 3 x 256 of them. So
 fastload runs the user's own block once on a ramp image (each channel holding 0..255) at
 compile time, keeps the 3 x 256 floats, and looks each pixel up (:mod:`fastload.data._pixels`,
-one pass, HWC PIL bytes or a CHW tensor in, CHW float out; about 60 us). The table holds the
+one pass, HWC PIL bytes or a CHW tensor in, CHW float out; 50-90 us). The table holds the
 very floats the steps produce for each value (elementwise IEEE float32 arithmetic does not
 depend on the image's size), so the output equals the steps' bit for bit; tests/test_augment.py
 checks it against torchvision's own steps. Only exact torchvision classes join a block
