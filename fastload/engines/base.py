@@ -135,6 +135,12 @@ class Engine(abc.ABC):
         return 1
 
     @property
+    def producers(self) -> int:
+        """Batches the engine makes side by side, each whole by its own producer (torch's
+        workers); they arrive in rounds, which :mod:`fastload.engines.probe` must time whole."""
+        return 1
+
+    @property
     def reuses_iterator(self) -> bool:
         """Whether the next epoch continues workers kept from the last one (draws no seed)."""
         return False

@@ -16,6 +16,16 @@ worker fork or a pipeline build, is left out: persistent engines pay it once) to
 the loop received when the candidate asked for more than its share. Later batches were
 already made while the candidate was still fed, so counting them would flatter deep queues.
 
+NOTE [whole rounds]
+torch's workers each make a whole batch, side by side (``Engine.producers``), so their
+batches arrive in rounds: with 2 workers, batches 1 and 2 after one batch time, 3 and 4
+after two. Timed from the first batch, the second arrives "free", and a window that ends in
+mid-round flatters them: the torch candidate measured 461-534 img/s on a recipe it ran at
+~400 a whole epoch, and the probe kept it over threads that ran ~500-590 (issue 22's timm
+row). So a candidate with W producers is timed from the end of its first round to the end of
+its last whole one, counting the samples in between, which is its rate whether its workers
+run in step or drift apart; and it gets ``PROBE_BATCHES`` rounds, not batches.
+
 Example::
 
     >>> loader = DataLoader(ImageFolder("data/train", size=224, train=True), batch_size=64)
@@ -30,7 +40,7 @@ import logging
 import time
 import weakref
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.utils.data
@@ -43,14 +53,19 @@ from fastload.engines.torch import private_loader
 logger = logging.getLogger(__name__)
 
 PROBE_BATCHES = 6
-"""Batches of the first epoch each candidate is timed on, beyond its queue (NOTE [timing a
-candidate]); it gets ``PROBE_BATCHES + engine.ahead`` of them."""
+"""Rounds of batches of the first epoch each candidate is timed on, beyond its queue (NOTE
+[timing a candidate], NOTE [whole rounds]); it gets ``quota(engine)`` batches."""
 
 TRIAL_PREFETCH = 2
 """torch's own default ``prefetch_factor``, for the torch candidate's trial loader."""
 
 MIN_COUNTED = 3
-"""Batches a candidate must deliver while still fed for its rate to count."""
+"""Rounds a candidate must deliver while still fed for its rate to count."""
+
+
+def quota(engine: Engine) -> int:
+    """The first epoch's batches a candidate gets: its queue and ``PROBE_BATCHES`` rounds."""
+    return engine.ahead + PROBE_BATCHES * max(1, engine.producers)
 
 
 class Gate:
@@ -83,17 +98,37 @@ class Gate:
 
 @dataclass
 class Measure:
-    """One candidate's share of the first epoch: samples and seconds while it was fed."""
+    """One candidate's share of the first epoch: when each batch arrived while it was fed
+    (``arrivals``: seconds, samples), in rounds of ``producers`` batches."""
 
     name: str
-    samples: int = 0
-    seconds: float = 0.0
+    producers: int = 1
+    arrivals: list[tuple[float, int]] = field(default_factory=list)
     batches: int = 0
     error: str | None = None
 
     @property
+    def rounds(self) -> int:
+        """Whole rounds after the first (NOTE [whole rounds])."""
+        return max(0, len(self.arrivals) // self.producers - 1)
+
+    @property
+    def samples(self) -> int:
+        """Samples of the timed rounds: after the first round, up to the last whole one."""
+        w = self.producers
+        return sum(n for _, n in self.arrivals[w: w * (self.rounds + 1)])
+
+    @property
+    def seconds(self) -> float:
+        """From the end of the first round to the end of the last whole one."""
+        if self.rounds < 1:
+            return 0.0
+        w = self.producers
+        return self.arrivals[w * (self.rounds + 1) - 1][0] - self.arrivals[w - 1][0]
+
+    @property
     def rate(self) -> float:
-        return self.samples / self.seconds if self.seconds > 0 else 0.0
+        return self.samples / self.seconds if self.error is None and self.seconds > 0 else 0.0
 
 
 class ProbeEngine(Engine):
@@ -144,7 +179,7 @@ class ProbeEngine(Engine):
         total = len(context.batch_sampler)
         plan = iter(context.batch_sampler)
         trials = [self._trial_engine(name) for name in self.candidates]
-        quotas = [PROBE_BATCHES + engine.ahead for engine in trials]
+        quotas = [quota(engine) for engine in trials]
         if total < sum(quotas):
             self.close()
             name = self.candidates[0]
@@ -155,10 +190,10 @@ class ProbeEngine(Engine):
             yield from self.chosen.epoch()  # type: ignore[union-attr]
             return
         done = 0
-        for name, engine, quota in zip(self.candidates, trials, quotas):
-            gate = Gate(plan, quota, total - done)
+        for name, engine, share in zip(self.candidates, trials, quotas):
+            gate = Gate(plan, share, total - done)
             _retarget(engine, gate)
-            measure = Measure(name)
+            measure = Measure(name, max(1, engine.producers))
             self.measures.append(measure)
             try:
                 for item in _timed(engine.epoch(), gate, measure):
@@ -225,23 +260,16 @@ class ProbeEngine(Engine):
 
 
 def _timed(items: Iterator[Any], gate: Gate, measure: Measure) -> Iterator[Any]:
-    """Yield a candidate's items, counting those that arrived while it was still fed."""
-    first: float | None = None
-    counted = 0
+    """Yield a candidate's items, noting those that arrived while it was still fed."""
     for item in items:
         now = time.perf_counter()
         measure.batches += 1
-        fed = gate.refused_at is None or now <= gate.refused_at
-        if first is None:
-            first = now
-        elif fed:
-            counted += 1
-            measure.samples += _samples(item)
-            measure.seconds = now - first
+        if gate.refused_at is None or now <= gate.refused_at:
+            measure.arrivals.append((now, _samples(item)))
         yield item
-    if counted < MIN_COUNTED - 1:
-        measure.error = f"only {counted + 1} batches arrived before it was stopped"
-        measure.samples = 0
+    if measure.rounds < MIN_COUNTED - 1:
+        measure.error = (f"only {len(measure.arrivals)} batches from {measure.producers} "
+                         "producers arrived before it was stopped")
 
 
 def _samples(item: Any) -> int:
@@ -273,7 +301,11 @@ class _PrivateTorch(Engine):
 
     @property
     def ahead(self) -> int:
-        return max(1, self._context.loader.num_workers) * TRIAL_PREFETCH
+        return self.producers * TRIAL_PREFETCH
+
+    @property
+    def producers(self) -> int:
+        return max(1, self._context.loader.num_workers)
 
     def epoch(self) -> Iterator[Any]:
         self._iterator = iter(_private_loader(self._context, self.batch_sampler))
