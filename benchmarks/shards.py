@@ -4,8 +4,9 @@ The synthetic ImageNet-like JPEG set (made once under .fastload-data) is packed 
 ``fastload.data.pack.pack`` into --shards shards, and folder and shards are uploaded to moto's
 S3 server (in a process of its own) behind ``latency::`` (--latency-ms per request). Batch
 --batch-size, RandomResizedCrop(--size) + flip, uint8 out. Each row is a loader built afresh,
-timed over its first epoch (which pays its start: workers, the decoder measurement) and its
-second, in images/s:
+timed over its first epoch (which pays its start: workers; the decoder measurement is the
+first fastload loader's, later ones keep its verdict, NOTE [one decoder measurement per
+process]) and its second, in images/s:
 
 * folder remote, per object: ``fastload.DataLoader(ImageFolder(url))``, no cache, threads
 * shards remote, cold cache: ``fastload.DataLoader(TarShards(urls, cache=<new dir>))`` (the

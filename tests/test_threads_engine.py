@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from fastload import BackendUnavailable, DataLoader, ImageFolder
-from fastload.data import decoders
+from fastload.data import decoder_memo, decoders
 from fastload.data.render import Renderer
 from fastload.engines.probe import PROBE_BATCHES, ProbeEngine
 from fastload.testing.synthetic import make_jpeg_folder
@@ -114,6 +114,25 @@ def test_no_worker_processes_and_the_decoder_is_measured(jpeg_root):
         assert "ms" in engine.decoder_reason
     assert engine.decoder_reason in loader.backend_reason
     loader.engine.close()
+
+
+def test_a_later_loader_over_jpegs_of_the_same_sizes_keeps_the_measured_decoder(jpeg_root, tmp_path):
+    decoder_memo.forget()
+    first = DataLoader(ImageFolder(jpeg_root, size=24), batch_size=8, backend="threads")
+    list(first)
+    assert not first.engine.decoder_reason.endswith("in this process)")
+    again = DataLoader(ImageFolder(jpeg_root, size=24, seed=4), batch_size=8, backend="threads")
+    list(again)  # the same figures, said to be an earlier loader's
+    assert again.engine.decoder_reason == first.engine.decoder_reason + (
+        " (measured by an earlier loader in this process)")
+    assert again.engine.renderer.decoder.name == first.engine.renderer.decoder.name
+    other = make_jpeg_folder(tmp_path / "other", images=8, classes=2, size=(61, 47))
+    fresh = DataLoader(ImageFolder(other, size=24), batch_size=8, backend="threads")
+    list(fresh)  # other sizes: measured afresh
+    assert "ms/image" in fresh.engine.decoder_reason
+    assert not fresh.engine.decoder_reason.endswith("in this process)")
+    for loader in (first, again, fresh):
+        loader.engine.close()
 
 
 def test_png_and_grayscale_go_through(tmp_path):
