@@ -196,3 +196,26 @@ def test_shards_are_downloaded_ahead_in_the_epoch_order_within_the_budget(
     s3_server.reset_counts()
     ahead_in_order_within_budget(ds, lambda order: ds.index.shards[order],
                                  lambda: shard_gets(s3_server, remote), ahead=2)
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_a_shard_rewritten_between_epochs_stops_the_next_one(remote, s3_options, tmp_path, cached):
+    # NOTE [shards are checked every epoch]: neither the local copy's old bytes nor the old
+    # offsets into the new file are read
+    import s3fs
+
+    from fastload.cache.shardstore import ShardChangedError
+
+    fs = s3fs.S3FileSystem(**s3_options)
+    copy = [u.replace("/train/", f"/between-{cached}/") for u in remote]
+    for src, dst in zip(remote, copy):
+        fs.copy(src.removeprefix("s3://"), dst.removeprefix("s3://"))
+    cache = {"disk": str(tmp_path / "cache")} if cached else None
+    ds = remote_ds(copy, s3_options, cache, listing_max_age=0)
+    loader = DataLoader(ds, batch_size=8, shuffle=True, backend="threads")
+    first = [y.clone() for _, y in loader]
+    again = [y.clone() for _, y in loader]  # unchanged files: the next epoch runs
+    assert sum(len(y) for y in first) == sum(len(y) for y in again) == len(ds) == 48
+    fs.pipe_file(copy[2].removeprefix("s3://"), fs.cat_file(copy[3].removeprefix("s3://")))
+    with pytest.raises(ShardChangedError, match=f"{copy[2]} changed at the origin.*build the dataset again"):
+        next(iter(loader))

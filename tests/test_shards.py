@@ -262,3 +262,15 @@ def test_two_torchrun_ranks_agree_on_the_order_and_read_disjoint_whole_shards(sh
             assert part["labels"] == part["expected"]  # the loader ran that order
             assert len(set(part["shards"])) <= 3  # whole shards, one split at an end
     assert ranks[0]["epochs"][0]["keys"] != ranks[0]["epochs"][1]["keys"]
+
+
+def test_a_local_shard_rewritten_between_epochs_stops_the_next_one(jpeg_root, tmp_path):
+    from fastload.cache.shardstore import ShardChangedError
+
+    write_shards(jpeg_root, tmp_path / "shards")
+    urls = sorted(str(p) for p in (tmp_path / "shards").glob("*.tar"))
+    loader = DataLoader(TarShards(urls, size=24), batch_size=16)
+    assert sum(len(y) for _, y in loader) == 48
+    Path(urls[1]).write_bytes(Path(urls[4]).read_bytes())  # another shard's members now
+    with pytest.raises(ShardChangedError, match="changed at the origin"):
+        list(loader)

@@ -5,8 +5,18 @@ Both are declared datasets (NOTE [a declared dataset]) over a list of files of o
 filesystem, indexed once (``index``: labels, per-file versions), read in a shard-aware order
 (``_order``: NOTE [shard-aware order]) and, when remote with a disk cache, through the
 cache's shard store (``_shards``: NOTE [the shard store]). A subclass sets ``urls``,
-``storage_options``, ``index``, ``local``, ``_cache``, ``_order`` and ``_shards`` in its
-``__init__``, and keeps its own filesystem per process (``fs``).
+``storage_options``, ``paths``, ``index``, ``local``, ``_cache``, ``_order`` and ``_shards``
+in its ``__init__``, and keeps its own filesystem per process (``fs``).
+
+NOTE [shards are checked every epoch]
+A sample is a byte range of its file at the version the index recorded. A file rewritten at
+the origin (local or remote, cached or not) leaves every range of it meaningless, and a
+local copy in the shard store would go on serving the old bytes. So before every epoch
+after the first the loader calls :meth:`ShardedImages.revalidate`: one stat per file
+(``REVALIDATE_THREADS`` at a time, each with the filesystem's timeouts), and a file whose
+version changed, or that is gone, stops the loop there with
+:class:`~fastload.cache.shardstore.ShardChangedError` (or the storage error) naming it and
+saying to build the dataset again, rather than serve the old bytes or misread the new.
 
 Example::
 
@@ -16,24 +26,30 @@ Example::
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import fsspec
 import numpy as np
 
 from fastload.cache import TieredCache
-from fastload.cache.shardstore import ShardStore
+from fastload.cache.shardsource import check_version
+from fastload.cache.shardstore import ShardRef, ShardStore
 from fastload.data.declared import DeclaredImages
 from fastload.data.shard_order import ShardOrder
 from fastload.io.origin import with_timeouts
 
-__all__ = ["ShardedImages"]
+__all__ = ["REVALIDATE_THREADS", "ShardedImages"]
+
+REVALIDATE_THREADS = 16
+"""Files stat'ed at once by :meth:`ShardedImages.revalidate` (a request each when remote)."""
 
 
 class ShardedImages(DeclaredImages):
     """The declared-dataset contract over indexed shard files (see the module's docstring)."""
 
     urls: list[str]
+    paths: list[str]
     storage_options: dict[str, Any]
     index: Any  # ShardIndex or ParquetIndex: ``labels`` and more
     local: bool
@@ -71,3 +87,24 @@ class ShardedImages(DeclaredImages):
 
     def label(self, index: int) -> int:
         return int(self.index.labels[int(index)])
+
+    def revalidate(self) -> int:
+        """Check that every file is still the version the index was built from (NOTE [shards
+        are checked every epoch]); ``fastload.DataLoader`` calls it before each later epoch.
+        Returns 0 (no sample changed); a changed file raises
+        :class:`~fastload.cache.shardstore.ShardChangedError` naming it. Example::
+
+            >>> ds.revalidate()     # after train-003.tar was rewritten at the origin
+            ShardChangedError: s3://b/train-003.tar changed at the origin since it was indexed ...
+        """
+        fs = self.fs  # type: ignore[attr-defined]  # each subclass keeps one per process
+        refs = [ShardRef(u, p, v, -1) for u, p, v in zip(self.urls, self.paths, self.index.versions)]
+
+        def check(ref: ShardRef) -> None:
+            fs.invalidate_cache(ref.path)  # a listing's cached info would hide a rewrite
+            check_version(fs, ref)
+
+        with ThreadPoolExecutor(min(REVALIDATE_THREADS, len(refs)) or 1) as pool:
+            for _ in pool.map(check, refs):  # the first error, in file order, is raised
+                pass
+        return 0

@@ -356,12 +356,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         """Before a later epoch: re-read a cached remote dataset's versions (NOTE [consistency]).
 
         One listing per epoch (``ImageFolder.revalidate``); none for a local one, whose reads
-        stat each file. When files changed, persistent workers hold the old versions, so the
+        stat each file. A shard dataset stats its files, cached or not (NOTE [shards are
+        checked every epoch] in :mod:`fastload.data.sharded`). When files changed, persistent workers hold the old versions, so the
         engine restarts them: this epoch starts fresh workers (logged at INFO).
         """
         dataset = self._stage_dataset
-        if not self._declared or dataset.cache is None or dataset.reads_current_versions:
-            return
+        if not self._declared or dataset.reads_current_versions:
+            return  # ImageFolder without a cache reads whole current objects: it returns 0
         if dataset.revalidate():
             self._engine.restart()
             self.state.first_rng = None  # the new workers start from this epoch's state
