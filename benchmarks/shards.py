@@ -123,7 +123,8 @@ def main() -> None:
         index_s = time.perf_counter() - start
         rows["shards remote, cold cache (threads)"] = epochs(n, DataLoader(ds, **run))
         store = ds.shard_store
-        fetched = (f"{store.downloads} shards, {store.requests} range requests"
+        fetched = (f"{store.downloads} shards, {store.requests} range requests, {store.around} "
+                   "samples read from the origin while their shard downloaded"
                    if store is not None else "no shard store: a range request per sample")
         warm = TarShards(remote, storage_options=options, cache=cache, **common)
         rows["shards remote, warm cache (threads)"] = epochs(n, DataLoader(warm, **run))

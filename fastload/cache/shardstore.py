@@ -113,9 +113,9 @@ class ShardStore:
         publish_max: largest shard published to ``shared`` tiers, in bytes.
 
     Attributes:
-        downloads, requests, from_shared, evicted: this process's counts (shards fetched
-            from the origin, range requests made, shards copied from a shared tier, shards
-            it evicted).
+        downloads, requests, from_shared, evicted, around: this process's counts (shards
+            fetched from the origin, range requests made, shards copied from a shared tier,
+            shards it evicted, samples read from the origin while their shard downloaded).
     """
 
     def __init__(
@@ -134,7 +134,7 @@ class ShardStore:
         self.keep_open = max(1, int(keep_open))
         self.lock_timeout = float(lock_timeout)
         self.publish_max = int(publish_max)
-        self.downloads = self.requests = self.from_shared = self.evicted = 0
+        self.downloads = self.requests = self.from_shared = self.evicted = self.around = 0
         self._files: ShardFiles | None = None
         self._setup()
         after_fork(self, ShardStore._after_fork)  # NOTE [locks across fork]
@@ -152,6 +152,7 @@ class ShardStore:
         self._opening: dict[str, threading.Lock] = {}
         self._verified: set[str] = set()
         self._held_damaged: set[str] = set()
+        self._filling: set[str] = set()  # shards this process is downloading now
         self._warned = False
         self._files = None  # a forked child opens its own descriptors
 
@@ -184,6 +185,15 @@ class ShardStore:
             raise OSError(f"{ref.url}: {len(data)} of {length} bytes at {offset} in its local copy "
                           f"{self.files.path} (the range lies past the shard's end)")
         return data
+
+    def read_around(self, ref: ShardRef) -> bool:
+        """Whether a read of the shard goes to the origin instead: this process is downloading
+        it now (NOTE [reads around a download] in :mod:`fastload.data.shard_cache_use`);
+        counted in ``around``."""
+        with self._mutex:
+            around = digest(ref.key) in self._filling
+            self.around += around
+            return around
 
     def local_path(self, fs: Any, ref: ShardRef) -> Path:
         """The local file of the shard (downloaded if needed), pinned while this store keeps
@@ -357,6 +367,8 @@ class ShardStore:
             requests = 0
             if source is None:
                 check_version(fs, ref)
+                with self._mutex:  # the origin holds the indexed version: reads may go around
+                    self._filling.add(d)
                 requests = download_ranges(fs, ref.path, ref.size, fd)
                 source = "fetched"
             with self._mutex:
@@ -375,6 +387,8 @@ class ShardStore:
             raise
         finally:
             os.close(fd)
+            with self._mutex:
+                self._filling.discard(d)
 
     def _make_room(self, ref: ShardRef, d: str, *, must: bool) -> bool:
         files = self.files

@@ -22,6 +22,16 @@ for that is the same for every format, so it lives here once:
   first use are downloaded ahead of the reader by a
   :class:`~fastload.cache.shardahead.ShardAhead`, as far as the budget allows.
 
+NOTE [reads around a download]
+A shard is downloaded whole before its first pread, and an epoch's first batch draws from
+``shuffle_window`` shards at once: a cold epoch waited for all of them (60 MB from 4 shards
+of 15 MB) before its first image, with every read thread blocked on a download. So while
+*this process* downloads a shard (the reader ahead, or a reader that got there first), a
+read of one of its samples is one range request to the origin instead (``origin``, as for a
+copy another process holds), and counted (the store's ``around``); once the shard is whole, reads are
+preads again. A shard another process downloads is waited for, as before: one download
+per node.
+
 Without a disk tier (memory or Redis only), for local files, or when the store cannot be
 opened, :meth:`CachedShards.open` gives None and the dataset reads ranges, cached as entries
 (:func:`cached_range`, :func:`store_range`) where it has a cache.
@@ -125,10 +135,14 @@ class CachedShards:
              origin: Callable[[int, int, int], bytes]) -> bytes:
         """Bytes ``[offset, offset + length)`` of file ``file`` from its local copy (downloaded
         first if needed); ``origin(file, offset, length)`` when another process holds the copy
-        too long or damaged (the store warned once). Other errors propagate: the download's,
+        too long or damaged (the store warned once), or while this process downloads it (NOTE
+        [reads around a download]). Other errors propagate: the download's,
         :class:`~fastload.cache.shardstore.ShardChangedError`."""
+        ref = self.refs[file]
+        if self.store.read_around(ref):
+            return origin(file, offset, length)
         try:
-            return self.store.read(fs, self.refs[file], offset, length)
+            return self.store.read(fs, ref, offset, length)
         except ShardBusyError:
             return origin(file, offset, length)
 

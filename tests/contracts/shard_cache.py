@@ -90,3 +90,15 @@ def ahead_in_order_within_budget(ds: Any, file_of: Callable[[np.ndarray], np.nda
     store = ds.shard_store
     assert store.files.used() <= store.budget and store.evicted == files - ahead - 1
     assert gets() == [1] * files
+
+
+def one_download_each(gets: list[int], store: Any, backend: str) -> None:
+    """``gets``, the GETs of each file at the server over a cold epoch: one download each
+    (files under 8 MiB: one range request), and one GET per sample the loader's process read
+    from the origin while its file downloaded (NOTE [reads around a download]). torch's
+    workers read none: each waits for the download of the loader's process (or its own)."""
+    if backend == "torch":
+        assert gets == [1] * len(gets)  # the workers share the node's copy
+        return
+    assert min(gets) >= 1 and sum(gets) == len(gets) + store.around
+    assert store.downloads == store.requests == len(gets)
