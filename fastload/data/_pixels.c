@@ -329,9 +329,11 @@ static PyObject *affine_bilinear(PyObject *self, PyObject *args) {
         if (!isfinite(a[i]))
             problem = "the matrix must be finite";
     if (problem == NULL) {
+        const uint8_t *s = (const uint8_t *)src.buf, *f = (const uint8_t *)fill.buf;
+        uint8_t *o = (uint8_t *)out.buf;
         int failed;
         Py_BEGIN_ALLOW_THREADS
-        failed = affine_rgbx((const uint8_t *)src.buf, (uint8_t *)out.buf, h, w, a, (const uint8_t *)fill.buf);
+        failed = affine_rgbx(s, o, h, w, a, f);
         Py_END_ALLOW_THREADS
         if (failed)
             problem = "out of memory";
