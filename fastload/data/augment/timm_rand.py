@@ -9,7 +9,10 @@ standing for timm's globals) and calls timm's own op functions (``op.aug_fn``) w
 already chosen, so they draw nothing themselves. The ops are picked uniformly with
 replacement, as timm's unweighted ``np.random.choice``; ``apply`` draws those picks from the
 ``random.Random`` too (the same distribution, without a 0.1 ms RandomState per sample).
-Magnitude-to-argument rules (:func:`level_args`) follow timm's ``LEVEL_TO_ARG``.
+Magnitude-to-argument rules (:func:`level_args`) follow timm's ``LEVEL_TO_ARG``. A geometric
+op whose filter is BILINEAR, on an RGB image, runs fastload's kernel on the matrix timm's
+function would hand Pillow instead: the same bytes in half to two thirds of the time
+(NOTE [a bilinear affine] in :mod:`fastload.data.augment.affine`).
 
 Example::
 
