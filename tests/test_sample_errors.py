@@ -17,7 +17,7 @@ import torch
 
 import fastload
 from fastload import DataLoader, ImageFolder
-from fastload.engines.probe import PROBE_BATCHES
+from fastload.engines.probe import PROBE_BATCHES, TRIAL_PREFETCH
 from fastload.engines.threads import AHEAD
 from fastload.settings import MAX_WORKERS_WITHOUT_GPU
 from fastload.testing.synthetic import make_jpeg_folder
@@ -257,8 +257,10 @@ def test_persistent_workers_outlive_an_epoch_that_raised(broken):
 def test_a_first_epoch_measuring_engines_stops_them_when_it_raises(tmp_path):
     # backend="auto" times the threaded engine on the first batches, then torch workers: the
     # broken sample falls in torch's share, so the error comes while its workers run; enough
-    # images for every candidate's share with as many workers as fastload may choose
-    images = 4 * PROBE_BATCHES + 2 * MAX_WORKERS_WITHOUT_GPU + 16
+    # images for every candidate's share with as many workers as fastload may choose (torch
+    # gets its queue and PROBE_BATCHES rounds of one batch per worker; DALI's share is < 48)
+    images = (AHEAD + 1 + PROBE_BATCHES + (TRIAL_PREFETCH + PROBE_BATCHES) * MAX_WORKERS_WITHOUT_GPU
+              + 48)
     root = make_jpeg_folder(tmp_path / "data", images=images, classes=1, size=(48, 40))
     samples = list(ImageFolder(root).samples)
     bad = PROBE_BATCHES + AHEAD + 1 + 2

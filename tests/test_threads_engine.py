@@ -23,7 +23,9 @@ from PIL import Image
 from fastload import BackendUnavailable, DataLoader, ImageFolder
 from fastload.data import decoder_memo, decoders
 from fastload.data.render import Renderer
-from fastload.engines.probe import PROBE_BATCHES, ProbeEngine
+from fastload.engines.probe import PROBE_BATCHES, TRIAL_PREFETCH, ProbeEngine
+from fastload.engines.threads import AHEAD
+from fastload.settings import MAX_WORKERS_WITHOUT_GPU
 from fastload.testing.synthetic import make_jpeg_folder
 
 NO_LATENCY = {"latency": {"latency": 0.0}}
@@ -157,7 +159,11 @@ def test_backend_threads_refuses_what_it_cannot_run(jpeg_root):
 # -- the measured choice ---------------------------------------------------------------
 
 
-def test_auto_measures_the_candidates_and_keeps_the_batches(jpeg_root):
+def test_auto_measures_the_candidates_and_keeps_the_batches(tmp_path):
+    # enough batches of one for every candidate's share with as many workers as fastload may
+    # choose (torch: its queue and PROBE_BATCHES rounds of one batch per worker)
+    images = AHEAD + 1 + PROBE_BATCHES + (TRIAL_PREFETCH + PROBE_BATCHES) * MAX_WORKERS_WITHOUT_GPU + 48
+    jpeg_root = make_jpeg_folder(tmp_path / "data", images=images, classes=4, size=(40, 32))
     ds = ImageFolder(jpeg_root, size=24, train=True, seed=2)
     loader = DataLoader(ds, batch_size=1, shuffle=True)
     assert isinstance(loader.engine, ProbeEngine) and loader.backend == "auto"
