@@ -44,7 +44,9 @@ def _key(samples: Sequence[bytes], out_size: tuple[int, int]) -> tuple[object, .
     return (tuple(out_size), tuple(sorted(shapes))) if shapes else None
 
 
-def choose_once(samples: Sequence[bytes], *, out_size: tuple[int, int] = (224, 224)) -> decoders.DecoderChoice:
+def choose_once(
+    samples: Sequence[bytes], *, out_size: tuple[int, int] = (224, 224)
+) -> decoders.DecoderChoice:
     """:func:`decoders.choose` on these samples, or its earlier verdict in this process for
     samples of the same sizes (NOTE [one decoder measurement per process])."""
     key = _key(samples, out_size)

@@ -28,9 +28,9 @@ A shard is downloaded whole before its first pread, and an epoch's first batch d
 of 15 MB) before its first image, with every read thread blocked on a download. So while
 *this process* downloads a shard (the reader ahead, or a reader that got there first), a
 read of one of its samples is one range request to the origin instead (``origin``, as for a
-copy another process holds), and counted (the store's ``around``); once the shard is whole, reads are
-preads again. A shard another process downloads is waited for, as before: one download
-per node.
+copy another process holds), counted in the store's ``around``; once the shard is whole,
+reads are preads again. A shard another process downloads is waited for, as before: one
+download per node.
 
 Without a disk tier (memory or Redis only), for local files, or when the store cannot be
 opened, :meth:`CachedShards.open` gives None and the dataset reads ranges, cached as entries
