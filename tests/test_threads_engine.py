@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -236,7 +237,8 @@ def test_a_timeout_the_batches_meet_changes_nothing(jpeg_root):
 
 
 _INTERRUPTED = textwrap.dedent("""
-    import sys, threading, time
+    import faulthandler, signal, sys, threading, time
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for it on a hang
     from fastload import DataLoader, ImageFolder
     ds = ImageFolder(f"latency::{sys.argv[1]}", size=16,
                      storage_options={"latency": {"latency": 0.0}})
@@ -263,6 +265,12 @@ def test_ctrl_c_ends_an_epoch_whose_reads_never_return(jpeg_root):
         assert proc.stdout.readline().strip() == "held"
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:  # a hang: show where it was (faulthandler's dump below)
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"no exit 20 s after SIGINT; its stderr:\n{err}")
     finally:
         if proc.poll() is None:
             proc.kill()
