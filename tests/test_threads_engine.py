@@ -239,6 +239,9 @@ def test_a_timeout_the_batches_meet_changes_nothing(jpeg_root):
 _INTERRUPTED = textwrap.dedent("""
     import faulthandler, signal, sys, threading, time
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for it on a hang
+    # Ctrl-C as at a terminal: a job started in the background by a non-interactive shell
+    # (CI's, say) inherits SIGINT ignored, and Python then leaves it ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from fastload import DataLoader, ImageFolder
     ds = ImageFolder(f"latency::{sys.argv[1]}", size=16,
                      storage_options={"latency": {"latency": 0.0}})
