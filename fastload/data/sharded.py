@@ -105,6 +105,5 @@ class ShardedImages(DeclaredImages):
             check_version(fs, ref)
 
         with ThreadPoolExecutor(min(REVALIDATE_THREADS, len(refs)) or 1) as pool:
-            for _ in pool.map(check, refs):  # the first error, in file order, is raised
-                pass
+            list(pool.map(check, refs))  # the first error, in file order, is raised
         return 0
