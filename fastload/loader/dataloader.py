@@ -357,8 +357,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
         One listing per epoch (``ImageFolder.revalidate``); none for a local one, whose reads
         stat each file. A shard dataset stats its files, cached or not (NOTE [shards are
-        checked every epoch] in :mod:`fastload.data.sharded`). When files changed, persistent workers hold the old versions, so the
-        engine restarts them: this epoch starts fresh workers (logged at INFO).
+        checked every epoch] in :mod:`fastload.data.sharded`). When files changed, persistent
+        workers hold the old versions, so the engine restarts them: this epoch starts fresh
+        workers (logged at INFO).
         """
         dataset = self._stage_dataset
         if not self._declared or dataset.reads_current_versions:
