@@ -36,6 +36,7 @@ from fastload.data.parquet_read import decode_column, footer_of, read_metadata
 from fastload.data.tarfiles import expand_braces
 from fastload.errors import ConfigError, DatasetError
 from fastload.io.errors import storage_error
+from fastload.io.ranges import read_ranges
 from fastload.io.versions import version_of
 
 logger = logging.getLogger(__name__)
@@ -190,8 +191,7 @@ class _FileScan:
             return found
         ranges = [_chunk_range(metadata.row_group(g), label, self.url)
                   for g in range(metadata.num_row_groups)]
-        data = self.fs.cat_ranges([self.path] * len(ranges), [s for s, _ in ranges],
-                                  [s + n for s, n in ranges]) if ranges else []
+        data = read_ranges(self.fs, self.path, ranges)
         chunks = dict(zip([s for s, _ in ranges], data))
         for g in range(metadata.num_row_groups):
             values = decode_column(metadata, found.size, chunks, g, label, self.read_at)

@@ -30,9 +30,10 @@ from fastload.data.shard_index import (
     ShardRows,
     parse_label,
 )
-from fastload.data.tarfiles import index_url_of, parse_dali_index, split_key, walk_members
+from fastload.data.tarfiles import WALK_BLOCK, index_url_of, parse_dali_index, split_key, walk_members
 from fastload.errors import DatasetError
 from fastload.io.errors import storage_error
+from fastload.io.ranges import read_ranges, read_through
 from fastload.io.versions import version_of
 
 logger = logging.getLogger(__name__)
@@ -83,7 +84,8 @@ def _from_headers(fs: Any, path: str, size: int, url: str) -> ShardRows:
     labels: dict[str, bytes] = {}
     members = []
     try:
-        for m in walk_members(read_at, size, keep=_is_label, where=url):
+        for m in walk_members(read_at, size, keep=_is_label, where=url,
+                              through=max(WALK_BLOCK, read_through(fs))):
             members.append((m.name, m.offset, m.size))
             if m.data is not None:
                 labels[m.name] = m.data
@@ -99,10 +101,7 @@ def _from_index_file(fs: Any, path: str, text: str, url: str) -> ShardRows:
     members = [(name or f"{i:09d}.{ext}", off, size)
                for i, sample in enumerate(samples) for ext, off, size, name in sample]
     wanted = [(n, o, s) for n, o, s in members if _is_label(n)]
-    data = []
-    if wanted:
-        data = fs.cat_ranges([path] * len(wanted), [o for _, o, _ in wanted],
-                             [o + s for _, o, s in wanted])
+    data = read_ranges(fs, path, [(o, s) for _, o, s in wanted])
     return group_rows(members, {n: d for (n, _, _), d in zip(wanted, data)})
 
 

@@ -1,0 +1,126 @@
+"""Indexing remote shards in few requests (NOTE [reading through small gaps]): byte ranges of
+one file merged across small gaps on a remote store and read exactly on a local disk, the
+tar header walk reading through small samples but not large ones, and TarShards indexing
+shards written by ``fastload pack`` on moto's S3 server with one label read a shard."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import tarfile
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+
+from fastload import TarShards
+from fastload.data.pack import pack
+from fastload.data.tarfiles import WALK_BLOCK, walk_members
+from fastload.io.ranges import READ_THROUGH, read_ranges
+
+pytestmark = pytest.mark.timeout(300)
+
+BUCKET = "fastload-indexreads"
+
+
+@pytest.fixture(scope="module")
+def blob(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
+    data = random.Random(7).randbytes(3 * READ_THROUGH)
+    path = tmp_path_factory.mktemp("ranges") / "blob.bin"
+    path.write_bytes(data)
+    return path, data
+
+
+RANGES = [(1_500_000, 7), (10, 5), (600_000, 0), (10, 5), (12, 40), (2_400_000, 145_000)]
+"""Out of order, a repeat, an empty range, an overlapping one; gaps under 1 MiB."""
+
+
+def test_local_ranges_are_read_exactly_in_the_callers_order(blob):
+    path, data = blob
+    got = read_ranges(fsspec.filesystem("file"), str(path), RANGES)
+    assert got == [data[o:o + n] for o, n in RANGES]
+    assert read_ranges(fsspec.filesystem("file"), str(path), []) == []
+
+
+def test_remote_ranges_with_small_gaps_are_one_request(blob, s3_options, s3_server):
+    path, data = blob
+    fs = fsspec.filesystem("s3", **s3_options)
+    if not fs.exists(BUCKET):
+        fs.mkdir(BUCKET)
+    fs.put_file(str(path), f"{BUCKET}/blob.bin")
+    s3_server.reset_counts()
+    assert read_ranges(fs, f"{BUCKET}/blob.bin", RANGES) == [data[o:o + n] for o, n in RANGES]
+    assert s3_server.count("GET", f"{BUCKET}/blob.bin") == 1
+    far = [(0, 4), (len(data) - 4, 4)]  # 3 MiB apart: two requests, not the bytes between
+    s3_server.reset_counts()
+    assert read_ranges(fs, f"{BUCKET}/blob.bin", far) == [data[:4], data[-4:]]
+    assert s3_server.count("GET", f"{BUCKET}/blob.bin") == 2
+
+
+def _tar(samples: int, image_bytes: int) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(samples):
+            for ext, payload in (("cls", str(i % 7).encode()), ("jpg", os.urandom(image_bytes))):
+                info = tarfile.TarInfo(f"s/{i:05d}.{ext}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    return out.getvalue()
+
+
+def _walk(data: bytes, through: int) -> tuple[list[tuple[str, int, int, bytes | None]], int, int]:
+    """The members, the reads and the bytes read of one walk."""
+    reads = [0, 0]
+
+    def read_at(offset: int, length: int) -> bytes:
+        reads[0] += 1
+        reads[1] += min(length, len(data) - offset)
+        return data[offset:offset + length]
+
+    members = [(m.name, m.offset, m.size, m.data)
+               for m in walk_members(read_at, len(data), keep=lambda n: n.endswith(".cls"),
+                                     through=through)]
+    return members, reads[0], reads[1]
+
+
+def test_the_header_walk_reads_through_small_samples():
+    data = _tar(40, 100_000)
+    exact, exact_reads, _ = _walk(data, WALK_BLOCK)
+    through, through_reads, _ = _walk(data, READ_THROUGH)
+    assert through == exact and len(exact) == 80
+    assert [d for _, _, _, d in exact if d is not None] == [str(i % 7).encode() for i in range(40)]
+    assert exact_reads >= 40  # a read a sample, each 64 KB
+    assert through_reads <= 40 // 8 + 2  # 1 MiB holds ten 100 KB samples
+
+
+def test_the_header_walk_does_not_read_through_large_samples():
+    data = _tar(6, 3 * READ_THROUGH)
+    exact, _, _ = _walk(data, WALK_BLOCK)
+    through, reads, read_bytes = _walk(data, READ_THROUGH)
+    assert through == exact
+    assert reads == 7 and read_bytes <= 7 * WALK_BLOCK  # 64 KB a sample and the end, not 1 MiB
+
+
+def test_packed_shards_on_s3_index_with_one_label_read_a_shard(jpeg_root, s3_options, s3_server,
+                                                               tmp_path):
+    local = pack(str(jpeg_root), str(tmp_path / "packed"), shard_size=150_000)
+    fs = fsspec.filesystem("s3", **s3_options)
+    if not fs.exists(BUCKET):
+        fs.mkdir(BUCKET)
+    remote = pack(str(jpeg_root), f"s3://{BUCKET}/packed", shard_size=150_000,
+                  dst_options=s3_options)
+    assert len(remote.urls) >= 3
+    s3_server.reset_counts()
+    ds = TarShards(remote.urls, size=32, storage_options=s3_options)
+    here = TarShards(local.urls, size=32)
+    assert len(ds) == len(here) == 48
+    for name in ("offsets", "lengths", "labels", "shards"):
+        assert np.array_equal(getattr(ds.index, name), getattr(here.index, name)), name
+    per_shard = [len(ds.index.offsets[ds.index.shards == s]) for s in range(len(remote.urls))]
+    for url, samples in zip(remote.urls, per_shard):
+        path = url.removeprefix("s3://")
+        assert samples >= 5
+        assert s3_server.count("GET", path) == 1  # its labels: one merged read, not one each
+        assert s3_server.count("GET", path.removesuffix(".tar") + ".idx") == 1
