@@ -27,8 +27,14 @@ the per-object one, and within 20% of the warm cache's first epoch (the store is
 bound); >= 1.5x webdataset, local and remote; >= LitData; local shards >= the folder. Run with
 nothing else running.
 
+moto's server runs on this machine. By default it shares every core with the loaders, so its
+CPU per request and per byte (about 1 s for a cold epoch of 300 MB here) is taken from the
+decode; ``--store-cpus N`` gives it the last N cores and every loader (and its workers) the
+others, as a store on other machines would be: the rows then compare loaders on fewer cores.
+
     python benchmarks/shards.py                    # 512 images, 4 shards, 15 ms
     python benchmarks/shards.py --images 1000 --latency-ms 15 --workers 2
+    python benchmarks/shards.py --images 5000 --shards 20 --store-cpus 1
 """
 
 from __future__ import annotations
@@ -83,6 +89,27 @@ def children_cpu() -> float:
     return total
 
 
+def pin(process: psutil.Process, cores: list[int]) -> None:
+    """Every thread of ``process`` onto ``cores`` (threads and processes it starts later
+    inherit it)."""
+    import os
+
+    for thread in process.threads():
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(thread.id, cores)
+
+
+def split_cores(store_cpus: int) -> tuple[list[int], list[int]]:
+    """(the loaders' cores, the store's): the last ``store_cpus`` cores for the store."""
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    if not 0 < store_cpus < len(cores):
+        raise SystemExit(f"--store-cpus {store_cpus}: this machine has {len(cores)} cores; "
+                         "leave the loaders at least one")
+    return cores[:-store_cpus], cores[-store_cpus:]
+
+
 def epochs(n: int, loader) -> tuple[float, float]:
     """Images/s of a loader's first and second epoch."""
     return n / epoch_seconds(loader), n / epoch_seconds(loader)
@@ -109,7 +136,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="webdataset's and LitData's torch workers")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--store-cpus", type=int, default=0,
+                        help="cores for moto's server alone (the loaders get the others); "
+                             "0: it shares every core with them")
     args = parser.parse_args()
+    store_cores: list[int] = []
+    if args.store_cpus:
+        loader_cores, store_cores = split_cores(args.store_cpus)
+        pin(psutil.Process(), loader_cores)  # before any loader measures the machine
+        torch.set_num_threads(len(loader_cores))
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     local = make_jpeg_folder(ROOT / ".fastload-data" / f"shards-bench-{args.images}",
                              images=args.images, classes=10, size=(500, 375))
@@ -124,7 +159,11 @@ def main() -> None:
     rows["folder local (threads)"] = epochs(n, DataLoader(ImageFolder(str(local), **common), **run))
     rows["shards local (threads)"] = epochs(n, DataLoader(TarShards(local_urls, **common), **run))
     rows["webdataset local"] = epochs(n, webdataset_loader(local_urls, size, batch, args.workers))
+    before_server = {p.pid for p in psutil.Process().children(recursive=True)}
     with served_folder(local, f"s3://shards-bench-{n}/folder", args.latency_ms) as (url, options):
+        for child in psutil.Process().children(recursive=True):
+            if store_cores and child.pid not in before_server:  # moto's server
+                pin(child, store_cores)
         shard_root = upload_folder(options["s3"], work / "shards", f"s3://shards-bench-{n}/shards")
         remote = [f"latency::{shard_root}/{Path(u).name}" for u in local_urls]
         folder = ImageFolder(url, storage_options=options, **common)
@@ -153,17 +192,21 @@ def main() -> None:
     # Last: LitData's optimize() sets multiprocessing's start method to spawn for the process,
     # and spawned workers would not see the gopen handler registered above.
     rows["litdata local"] = litdata_row(local, work, n, size, batch, args.workers)
+    cores = (f"the loaders on cores {loader_cores}, moto's server alone on {store_cores}"
+             if store_cores else "moto's server sharing every core with the loaders")
     print(f"{n} JPEGs (500x375) in {len(local_urls)} shards, batch {batch}, RandomResizedCrop "
           f"{size} + flip; remote: moto + {args.latency_ms:g} ms/request; webdataset and LitData "
-          f"with {args.workers} workers. images/s, first and second epoch of a new loader:")
+          f"with {args.workers} workers; {cores}. images/s, first and second epoch of a new "
+          "loader:")
     for name, value in rows.items():
         shown = f"{value[0]:8.1f} {value[1]:8.1f}" if value else f"{'n/a':>8} {'n/a':>8} (not installed)"
         print(f"  {name:38s} {shown}")
     print(f"  index of {len(remote)} remote shards built in {index_s:.2f} s; "
           f"{ds.index.nbytes / len(ds):.0f} bytes/sample")
     print(f"  cold epoch downloaded {fetched}")
-    print(f"  the S3 server's own CPU on this machine's cores (it shares them with the loader): "
-          f"{server['cold']:.2f} s over the cold row's epochs, {server['warm']:.2f} s over the warm row's")
+    where = "its own cores" if store_cores else "the loader's cores"
+    print(f"  the S3 server's own CPU (on {where}): {server['cold']:.2f} s over the cold row's "
+          f"epochs, {server['warm']:.2f} s over the warm row's")
 
     def ratio(a: str, b: str, epoch: int) -> str:
         x, y = rows.get(a), rows.get(b)
