@@ -13,7 +13,8 @@ process]) and its second, in images/s:
   index built before it, timed apart): whole shards downloaded with concurrent range
   requests, ahead in the epoch's order, into the cache's shard store (NOTE [the shard store]);
   its second epoch reads them from the local disk
-* shards remote, warm cache: a new dataset and loader over the same cache directory
+* shards remote, warm cache: a new dataset and loader over the same cache directory; the
+  cold/warm pair is made --repeats times (each cold in a new cache directory), medians shown
 * shards local / folder local: the same engine over the local copies
 * webdataset local / remote: webdataset's own pipeline (WebDataset -> PIL decode ->
   torchvision transforms -> batched) in a torch DataLoader with --workers workers; remote
@@ -42,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import statistics
 import sys
 import tempfile
 import time
@@ -136,6 +138,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="webdataset's and LitData's torch workers")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="cold/warm pairs of the remote shards rows (medians shown)")
     parser.add_argument("--store-cpus", type=int, default=0,
                         help="cores for moto's server alone (the loaders get the others); "
                              "0: it shares every core with them")
@@ -168,21 +172,26 @@ def main() -> None:
         remote = [f"latency::{shard_root}/{Path(u).name}" for u in local_urls]
         folder = ImageFolder(url, storage_options=options, **common)
         rows["folder remote, per object (threads)"] = epochs(n, DataLoader(folder, **run))
-        start = time.perf_counter()
-        cache = {"disk": str(work / "cache")}
-        ds = TarShards(remote, storage_options=options, cache=cache, **common)
-        index_s = time.perf_counter() - start
-        before = children_cpu()
-        rows["shards remote, cold cache (threads)"] = epochs(n, DataLoader(ds, **run))
-        server = {"cold": children_cpu() - before}
-        store = ds.shard_store
-        fetched = (f"{store.downloads} shards, {store.requests} range requests, {store.around} "
-                   "samples read from the origin while their shard downloaded"
-                   if store is not None else "no shard store: a range request per sample")
-        warm = TarShards(remote, storage_options=options, cache=cache, **common)
-        before = children_cpu()
-        rows["shards remote, warm cache (threads)"] = epochs(n, DataLoader(warm, **run))
-        server["warm"] = children_cpu() - before
+        pairs: dict[str, list[tuple[float, float]]] = {"cold": [], "warm": []}
+        index_s, server = [], {"cold": [], "warm": []}
+        for repeat in range(args.repeats):  # cold then warm, each cold in a new cache directory
+            cache = {"disk": str(work / f"cache-{repeat}")}
+            start = time.perf_counter()
+            ds = TarShards(remote, storage_options=options, cache=cache, **common)
+            index_s.append(time.perf_counter() - start)
+            for kind, dataset in (("cold", ds), ("warm", None)):
+                dataset = dataset or TarShards(remote, storage_options=options, cache=cache, **common)
+                before = children_cpu()
+                pairs[kind].append(epochs(n, DataLoader(dataset, **run)))
+                server[kind].append(children_cpu() - before)
+            store = ds.shard_store
+            fetched = (f"{store.downloads} shards, {store.requests} range requests, {store.around} "
+                       "samples read from the origin while their shard downloaded"
+                       if store is not None else "no shard store: a range request per sample")
+        for kind, got in pairs.items():
+            rows[f"shards remote, {kind} cache (threads)"] = (
+                statistics.median(g[0] for g in got), statistics.median(g[1] for g in got))
+        cold_vs_warm = [c[0] / w[0] for c, w in zip(pairs["cold"], pairs["warm"])]
 
         def gopen_fsspec(u: str, mode: str = "rb", bufsize: int = 8192) -> Any:
             return fsspec.open(u, mode, **options).open()
@@ -201,12 +210,17 @@ def main() -> None:
     for name, value in rows.items():
         shown = f"{value[0]:8.1f} {value[1]:8.1f}" if value else f"{'n/a':>8} {'n/a':>8} (not installed)"
         print(f"  {name:38s} {shown}")
-    print(f"  index of {len(remote)} remote shards built in {index_s:.2f} s; "
+    if args.repeats > 1:
+        print(f"  shards remote rows: medians of {args.repeats} cold/warm pairs; cold vs warm "
+              f"first epochs per pair: {', '.join(f'{r:.2f}x' for r in cold_vs_warm)}")
+    print(f"  index of {len(remote)} remote shards built in {statistics.median(index_s):.2f} s "
+          f"(median of {len(index_s)}); "
           f"{ds.index.nbytes / len(ds):.0f} bytes/sample")
     print(f"  cold epoch downloaded {fetched}")
     where = "its own cores" if store_cores else "the loader's cores"
-    print(f"  the S3 server's own CPU (on {where}): {server['cold']:.2f} s over the cold row's "
-          f"epochs, {server['warm']:.2f} s over the warm row's")
+    print(f"  the S3 server's own CPU (on {where}): {statistics.median(server['cold']):.2f} s "
+          f"over the cold row's epochs, {statistics.median(server['warm']):.2f} s over the warm "
+          "row's (medians)")
 
     def ratio(a: str, b: str, epoch: int) -> str:
         x, y = rows.get(a), rows.get(b)
