@@ -220,3 +220,25 @@ def test_a_shard_rewritten_between_epochs_stops_the_next_one(remote, s3_options,
     fs.pipe_file(copy[2].removeprefix("s3://"), fs.cat_file(copy[3].removeprefix("s3://")))
     with pytest.raises(ShardChangedError, match=f"{copy[2]} changed at the origin.*build the dataset again"):
         next(iter(loader))
+
+
+@pytest.mark.parametrize("size", [0, 1, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, 3 * (1 << 20) + 5])
+def test_a_shard_checksum_is_the_xxh3_of_its_bytes_read_in_chunks(size, tmp_path):
+    import os
+    import random
+
+    import xxhash
+
+    from fastload.cache.shardfiles import file_checksum
+
+    data = random.Random(size).randbytes(size)
+    path = tmp_path / "shard"
+    path.write_bytes(data + b"tail")  # bytes past the shard's size are not hashed
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert file_checksum(fd, size) == xxhash.xxh3_64(data).hexdigest()
+        if size:  # a file shorter than its record says: another digest, never a match
+            os.truncate(path, size - 1)
+            assert file_checksum(fd, size) == xxhash.xxh3_64(data[:-1]).hexdigest()
+    finally:
+        os.close(fd)
