@@ -22,8 +22,11 @@ process]) and its second, in images/s:
 * litdata local: LitData's StreamingDataLoader over its own chunks of the same JPEGs
   (benchmarks/_litdata.py; --workers persistent workers; local only, as _litdata.py says why)
 
-Then the ratios the issue sets, the shuffle quality of the shard order vs a uniform
-permutation, and the index's bytes per sample. Targets (issue 23): the cold first epoch >= 5x
+Then the index builds with no cache, with the DALI index files ``fastload pack`` writes and
+without them (the tar headers walked; the same shards uploaded again without ``.idx``), in
+seconds and requests (NOTE [reading through small gaps]); the ratios the issue sets, the
+shuffle quality of the shard order vs a uniform permutation, and the index's bytes per
+sample. Targets (issue 23): the cold first epoch >= 5x
 the per-object one, and within 20% of the warm cache's first epoch (the store is not the
 bound); >= 1.5x webdataset, local and remote; >= LitData; local shards >= the folder. Run with
 nothing else running.
@@ -64,6 +67,7 @@ sys.path.insert(0, str(ROOT))
 from cache_epoch import epoch_seconds, served_folder  # noqa: E402  (benchmarks/)
 
 from fastload import DataLoader, ImageFolder, TarShards  # noqa: E402
+from fastload.io.origin import with_timeouts  # noqa: E402
 from fastload.data.pack import pack  # noqa: E402
 from fastload.data.shard_order import shuffle_quality  # noqa: E402
 from fastload.testing.synthetic import make_jpeg_folder  # noqa: E402
@@ -110,6 +114,17 @@ def split_cores(store_cpus: int) -> tuple[list[int], list[int]]:
         raise SystemExit(f"--store-cpus {store_cpus}: this machine has {len(cores)} cores; "
                          "leave the loaders at least one")
     return cores[:-store_cpus], cores[-store_cpus:]
+
+
+def index_build(urls: list[str], options: dict[str, Any], common: dict[str, Any]) -> tuple[float, int]:
+    """Seconds and requests (counted by the ``latency::`` layer) of one TarShards index
+    build with no cache."""
+    fs = fsspec.core.url_to_fs(urls[0], **with_timeouts(urls[0], options))[0]  # TarShards' own
+    before = fs.total_requests
+    start = time.perf_counter()
+    ds = TarShards(urls, storage_options=options, **common)
+    took = time.perf_counter() - start
+    return took, ds.fs.total_requests - (before if ds.fs is fs else 0)
 
 
 def epochs(n: int, loader) -> tuple[float, float]:
@@ -193,6 +208,16 @@ def main() -> None:
                 statistics.median(g[0] for g in got), statistics.median(g[1] for g in got))
         cold_vs_warm = [c[0] / w[0] for c, w in zip(pairs["cold"], pairs["warm"])]
 
+        # the same shards without their DALI index files: the index walks the tar headers
+        bare = work / "bare"
+        bare.mkdir()
+        for u in local_urls:
+            (bare / Path(u).name).hardlink_to(u)
+        bare_root = upload_folder(options["s3"], bare, f"s3://shards-bench-{n}/bare")
+        builds = {"with index files": index_build(remote, options, common),
+                  "without (header walk)": index_build(
+                      [f"latency::{bare_root}/{Path(u).name}" for u in local_urls], options, common)}
+
         def gopen_fsspec(u: str, mode: str = "rb", bufsize: int = 8192) -> Any:
             return fsspec.open(u, mode, **options).open()
 
@@ -216,6 +241,8 @@ def main() -> None:
     print(f"  index of {len(remote)} remote shards built in {statistics.median(index_s):.2f} s "
           f"(median of {len(index_s)}); "
           f"{ds.index.nbytes / len(ds):.0f} bytes/sample")
+    print("  index builds with no cache: " + "; ".join(
+        f"{kind} {took:.2f} s, {requests} requests" for kind, (took, requests) in builds.items()))
     print(f"  cold epoch downloaded {fetched}")
     where = "its own cores" if store_cores else "the loader's cores"
     print(f"  the S3 server's own CPU (on {where}): {statistics.median(server['cold']):.2f} s "
