@@ -44,6 +44,12 @@ def test_local_ranges_are_read_exactly_in_the_callers_order(blob):
     assert read_ranges(fsspec.filesystem("file"), str(path), []) == []
 
 
+def test_a_range_past_the_end_of_the_file_raises_naming_it(blob):
+    path, data = blob
+    with pytest.raises(OSError, match="blob.bin came back as 3 bytes: the file is shorter"):
+        read_ranges(fsspec.filesystem("file"), str(path), [(0, 4), (len(data) - 3, 5)])
+
+
 def test_remote_ranges_with_small_gaps_are_one_request(blob, s3_options, s3_server):
     path, data = blob
     fs = fsspec.filesystem("s3", **s3_options)

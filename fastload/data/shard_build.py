@@ -30,7 +30,13 @@ from fastload.data.shard_index import (
     ShardRows,
     parse_label,
 )
-from fastload.data.tarfiles import WALK_BLOCK, index_url_of, parse_dali_index, split_key, walk_members
+from fastload.data.tarfiles import (
+    WALK_BLOCK,
+    index_url_of,
+    parse_dali_index,
+    split_key,
+    walk_members,
+)
 from fastload.errors import DatasetError
 from fastload.io.errors import storage_error
 from fastload.io.ranges import read_ranges, read_through

@@ -42,7 +42,8 @@ def read_through(fs: Any) -> int:
 def read_ranges(fs: Any, path: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
     """The bytes of the ``(offset, length)`` ranges of the file at ``path``, in their order:
     one concurrent ``cat_ranges`` call over the ranges merged as NOTE [reading through small
-    gaps] says. Raises the storage's exception for a read that fails."""
+    gaps] says. Raises the storage's exception for a read that fails, and OSError for a range
+    past the file's end."""
     if not ranges:
         return []
     starts = [offset for offset, _ in ranges]
@@ -58,4 +59,8 @@ def read_ranges(fs: Any, path: str, ranges: Sequence[tuple[int, int]]) -> list[b
             block += 1
         at = block_starts[block]
         out[i] = blocks[block][starts[i] - at: ends[i] - at]
+        if len(out[i]) != ends[i] - starts[i]:
+            raise OSError(
+                f"bytes {starts[i]}-{ends[i]} of {path} came back as {len(out[i])} bytes: the "
+                "file is shorter than its index says (changed since?); build the dataset again")
     return out
