@@ -6,12 +6,16 @@ real Redis between two cache directories."""
 
 from __future__ import annotations
 
+import os
+import random
 from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 
 from fastload import DataLoader, TarShards
+from fastload.cache.shardfiles import file_checksum
 from fastload.errors import ConfigError, UnreadableSampleError
 from tests.contracts.shard_cache import (
     ahead_in_order_within_budget,
@@ -224,13 +228,6 @@ def test_a_shard_rewritten_between_epochs_stops_the_next_one(remote, s3_options,
 
 @pytest.mark.parametrize("size", [0, 1, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, 3 * (1 << 20) + 5])
 def test_a_shard_checksum_is_the_xxh3_of_its_bytes_read_in_chunks(size, tmp_path):
-    import os
-    import random
-
-    import xxhash
-
-    from fastload.cache.shardfiles import file_checksum
-
     data = random.Random(size).randbytes(size)
     path = tmp_path / "shard"
     path.write_bytes(data + b"tail")  # bytes past the shard's size are not hashed

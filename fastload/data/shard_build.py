@@ -30,13 +30,7 @@ from fastload.data.shard_index import (
     ShardRows,
     parse_label,
 )
-from fastload.data.tarfiles import (
-    WALK_BLOCK,
-    index_url_of,
-    parse_dali_index,
-    split_key,
-    walk_members,
-)
+from fastload.data.tarfiles import index_url_of, parse_dali_index, split_key, walk_members
 from fastload.errors import DatasetError
 from fastload.io.errors import storage_error
 from fastload.io.ranges import read_ranges, read_through
@@ -90,8 +84,7 @@ def _from_headers(fs: Any, path: str, size: int, url: str) -> ShardRows:
     labels: dict[str, bytes] = {}
     members = []
     try:
-        for m in walk_members(read_at, size, keep=_is_label, where=url,
-                              through=max(WALK_BLOCK, read_through(fs))):
+        for m in walk_members(read_at, size, keep=_is_label, where=url, through=read_through(fs)):
             members.append((m.name, m.offset, m.size))
             if m.data is not None:
                 labels[m.name] = m.data
