@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,30 @@ def test_a_budget_smaller_than_the_dataset_streams_through(remote, s3_options, t
         assert store.files.used() <= budget
     assert sorted(labels) == sorted(ds.targets.tolist())
     assert store.evicted >= 2
+
+
+def test_two_downloads_never_count_the_same_free_bytes(remote, s3_options, tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastload.cache.shardfiles import ShardFiles
+    from fastload.data.shard_cache_use import shard_refs
+
+    ds = remote_ds(remote, s3_options, {"disk": str(tmp_path / "cache"), "shard_budget": 10**9})
+    versions = ds.index.versions
+    refs = shard_refs(ds.urls, ds.paths, versions, [int(v.split(":")[0]) for v in versions])
+    store = ds.shard_store
+    store.budget = max(r.size for r in refs[:2]) * 3 // 2  # room for one of the two
+    created = ShardFiles.new_temp
+
+    def slow_new_temp(files, size):  # a scheduler that runs the other download first
+        threading.Event().wait(0.3)
+        return created(files, size)
+
+    monkeypatch.setattr(ShardFiles, "new_temp", slow_new_temp)
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(lambda r: store.ensure(ds.fs, r, must=False), refs[:2]))
+    assert sorted(outcomes) == ["fetched", "no room"]
+    assert store.files.used() <= store.budget
 
 
 def test_a_budget_below_the_shuffle_window_is_refused(remote, s3_options, tmp_path):

@@ -152,13 +152,23 @@ class ShardFiles:
 
     def stored(self) -> tuple[int, list[StoredShard]]:
         """Bytes the shard files and downloads in progress take, and the finished shards."""
-        used, shards = 0, []
+        for _ in range(7):
+            scan, whole = self._scan()
+            if whole:
+                return scan
+        return self._scan()[0]  # files finishing all the time: a count that may be short
+
+    def _scan(self) -> tuple[tuple[int, list[StoredShard]], bool]:
+        """One pass of :meth:`stored`, and False when a download was renamed into place during
+        it (its bytes were under neither name: the pass counts less than the disk holds)."""
+        used, shards, whole = 0, [], True
         for name in listing(self.fd):
             if not (name.endswith(".data") or name.startswith(TEMP_PREFIX)):
                 continue
             try:
                 st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
             except FileNotFoundError:
+                whole = whole and not name.startswith(TEMP_PREFIX)
                 continue
             if not stat.S_ISREG(st.st_mode):
                 continue
@@ -170,7 +180,7 @@ class ShardFiles:
                 except FileNotFoundError:
                     used_at = 0.0  # no record: not servable, the first to go
                 shards.append(StoredShard(digest, st.st_size, used_at))
-        return used, shards
+        return (used, shards), whole
 
     def used(self) -> int:
         """Bytes the shard files and downloads in progress take."""

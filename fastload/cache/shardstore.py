@@ -22,9 +22,10 @@ serves each sample with one ``pread`` of its (offset, length) there:
   again, never served.
 * **A byte budget** (``CacheConfig.shard_budget``, else the disk tier's): before a download,
   the least recently used shards that no process pins are deleted until it fits (under
-  ``budget.lock``; downloads in progress count from their start). A shard some process pins
-  is never evicted, and nothing fastload did not write is touched. A read that finds no room
-  downloads anyway (the epoch must go on, one warning); a download ahead of need
+  ``budget.lock``, which is let go only once the download's file exists: downloads in
+  progress count from their start, and two never take the same free bytes). A shard some
+  process pins is never evicted, and nothing fastload did not write is touched. A read that
+  finds no room downloads anyway (the epoch must go on, one warning); a download ahead of need
   (:meth:`ShardStore.ensure` with ``must=False``) waits for room instead.
 * **Pins per process**: a process keeps at most ``keep_open`` shards pinned (the least
   recently read one is released first), so a reader moving through the shards in order
@@ -359,9 +360,10 @@ class ShardStore:
         """Download the shard into the store (its lock held exclusively); what happened."""
         files = self.files
         files.remove(d)  # a damaged copy, if any
-        if not self._make_room(ref, d, must=must):
+        reserved = self._reserve(ref, d, must=must)
+        if reserved is None:
             return "no room"
-        temp, fd = files.new_temp(ref.size)
+        temp, fd = reserved
         try:
             source = from_shared(self.shared, ref, fd)
             requests = 0
@@ -390,28 +392,35 @@ class ShardStore:
             with self._mutex:
                 self._filling.discard(d)
 
-    def _make_room(self, ref: ShardRef, d: str, *, must: bool) -> bool:
+    def _reserve(self, ref: ShardRef, d: str, *, must: bool) -> tuple[str, int] | None:
+        """Room for the shard and its temporary file, made under ``budget.lock`` so that two
+        downloads never both count the same free bytes; None when there is no room."""
         files = self.files
         with files.budget_lock(self.lock_timeout) as got:
-            if not got:
-                return must
-            used, evicted = files.evict(ref.size, self.budget, keep=d)
-            # A read that needs room first lets go of this process's own older shards.
-            while must and used + ref.size > self.budget and self._release_oldest():
-                used, more = files.evict(ref.size, self.budget, keep=d)
-                evicted += more
-            with self._mutex:
-                self.evicted += evicted
-            if used + ref.size <= self.budget:
-                return True
-            if must and not self._warned:
-                self._warned = True
-                logger.warning(
-                    "shard budget of %d bytes in %s is taken by %d bytes of shards in use; %s "
-                    "(%d bytes) is downloaded beyond it. Raise shard_budget to at least a few "
-                    "shards per reading process, or lower shuffle_window",
-                    self.budget, files.path, used, ref.url, ref.size)
-            return must
+            if (got and self._make_room(ref, d, must=must)) or (not got and must):
+                return files.new_temp(ref.size)  # counted in the budget before the lock goes
+            return None
+
+    def _make_room(self, ref: ShardRef, d: str, *, must: bool) -> bool:
+        """Evict until the shard fits (call under ``budget.lock``): whether it may be fetched."""
+        files = self.files
+        used, evicted = files.evict(ref.size, self.budget, keep=d)
+        # A read that needs room first lets go of this process's own older shards.
+        while must and used + ref.size > self.budget and self._release_oldest():
+            used, more = files.evict(ref.size, self.budget, keep=d)
+            evicted += more
+        with self._mutex:
+            self.evicted += evicted
+        if used + ref.size <= self.budget:
+            return True
+        if must and not self._warned:
+            self._warned = True
+            logger.warning(
+                "shard budget of %d bytes in %s is taken by %d bytes of shards in use; %s "
+                "(%d bytes) is downloaded beyond it. Raise shard_budget to at least a few "
+                "shards per reading process, or lower shuffle_window",
+                self.budget, files.path, used, ref.url, ref.size)
+        return must
 
 
 def _reopen(directory: str, budget: int, shared: list[Tier], keep_open: int,
