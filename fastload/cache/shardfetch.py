@@ -1,11 +1,11 @@
 """One shard downloaded into a file with concurrent range requests (NOTE [the shard store]).
 
 A shard of ``size`` bytes is cut into parts of :data:`PART_BYTES`; :data:`PARTS_IN_FLIGHT`
-of them are requested at once and each is written at its offset as it arrives, so at most
-that many parts are in memory. On an async filesystem (s3fs, HTTP, ``latency::``) the parts
-are coroutines on the filesystem's own event loop, each bounded by a deadline; on any other,
-threads. Transient failures are retried as every origin read is (:mod:`fastload.io.origin`);
-a part that comes back short raises, naming the shard.
+of them are requested at once. On an async filesystem (s3fs, HTTP, ``latency::``) the parts
+are coroutines on the filesystem's own event loop, each bounded by a deadline and written at
+its offset in pieces as they arrive (NOTE [streamed ranges]); on any other, threads, each
+part written whole. Transient failures are retried as every origin read is
+(:mod:`fastload.io.origin`); a part that comes back short raises, naming the shard.
 
 Example::
 
@@ -26,6 +26,7 @@ import fsspec.asyn
 
 from fastload.io.fetch import is_async
 from fastload.io.origin import READ_DEADLINE_S, attempts_here, backoff, is_unavailable
+from fastload.io.streams import range_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +94,7 @@ async def _download_async(
         async with gate:
             for attempt in range(1, attempts + 1):
                 try:
-                    data = await asyncio.wait_for(
-                        fs._cat_file(path, start=start, end=end), deadline)
+                    got = await asyncio.wait_for(_write_part(fs, path, start, end, fd), deadline)
                     break
                 except asyncio.TimeoutError as exc:
                     raise TimeoutError(
@@ -104,9 +104,8 @@ async def _download_async(
                     if attempt == attempts or not is_unavailable(exc):
                         raise
                     await asyncio.sleep(backoff(attempt))
-        if len(data) != end - start:
-            raise _short(path, start, end, len(data))
-        os.pwrite(fd, data, start)
+        if got != end - start:
+            raise _short(path, start, end, got)
 
     tasks = [asyncio.ensure_future(one(s, e)) for s, e in parts]
     try:
@@ -116,3 +115,15 @@ async def _download_async(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     return len(parts)
+
+
+async def _write_part(fs: Any, path: str, start: int, end: int, fd: int) -> int:
+    """Write bytes ``[start, end)`` of ``path`` at their offsets in ``fd`` as they arrive
+    (NOTE [streamed ranges]); the bytes the store sent, up to one piece past ``end``."""
+    offset = start
+    async for piece in range_chunks(fs, path, start, end):
+        os.pwrite(fd, piece[: max(end - offset, 0)], offset)
+        offset += len(piece)
+        if offset > end:
+            break  # a store that sent more than asked: reported as a wrong length
+    return offset - start

@@ -25,7 +25,8 @@ can make a read that only a timeout or Ctrl-C ends, whatever the machine's speed
 It is also an async filesystem for whole reads (``async_impl``; NOTE [latency async]):
 ``await fs._cat_file(path)`` on ``fs.loop`` sleeps with ``asyncio.sleep``, so many requests
 wait at once on one event loop as they do against a real object store, and counts as a
-``cat_file`` request like the sync call::
+``cat_file`` request like the sync call; ``_range_chunks`` streams a range of an async
+target through (NOTE [streamed ranges])::
 
     >>> fs = fsspec.filesystem("latency", target_protocol="file", latency=0.015)
     >>> data = fsspec.asyn.sync(fs.loop, fs._cat_file, "/data/a.jpg")
@@ -37,6 +38,7 @@ import asyncio
 import threading
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 import fsspec
@@ -46,6 +48,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from fastload.errors import ConfigError
 from fastload.io.storage import target_filesystem
+from fastload.io.streams import range_chunks
 
 DEFAULT_LATENCY_S = 0.015
 
@@ -130,11 +133,7 @@ class LatencyFileSystem(ChainedFileSystem):
         self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any
     ) -> bytes:
         """:meth:`cat_file` as a coroutine on :attr:`loop` (NOTE [latency async])."""
-        self._count("cat_file")
-        while not self._answering.is_set():  # held: poll, the loop serves other requests
-            await asyncio.sleep(0.05)
-        if self.latency:
-            await asyncio.sleep(self.latency)
+        await self._arrive("cat_file")
         target = self._target_path(path)
         if getattr(self.fs, "async_impl", False):
             return await self.fs._cat_file(target, start=start, end=end, **kwargs)
@@ -142,6 +141,24 @@ class LatencyFileSystem(ChainedFileSystem):
             with open(target, "rb") as f:  # noqa: ASYNC230 - NOTE [latency async]
                 return f.read()
         return self.fs.cat_file(target, start=start, end=end, **kwargs)
+
+    async def _range_chunks(self, path: str, start: int, end: int) -> AsyncIterator[bytes]:
+        """A range as its target streams it (NOTE [streamed ranges]), after the latency; a
+        ``cat_file`` request."""
+        if not getattr(self.fs, "async_impl", False):
+            yield await self._cat_file(path, start=start, end=end)
+            return
+        await self._arrive("cat_file")
+        async for piece in range_chunks(self.fs, self._target_path(path), start, end):
+            yield piece
+
+    async def _arrive(self, method: str) -> None:
+        """A request on :attr:`loop`: counted, held while :meth:`hold` says so, delayed."""
+        self._count(method)
+        while not self._answering.is_set():  # held: poll, the loop serves other requests
+            await asyncio.sleep(0.05)
+        if self.latency:
+            await asyncio.sleep(self.latency)
 
     def _target_path(self, path: str) -> str:
         return self.fs._strip_protocol(self._strip_protocol(path))
