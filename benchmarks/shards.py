@@ -22,6 +22,13 @@ process]) and its second, in images/s:
 * litdata local: LitData's StreamingDataLoader over its own chunks of the same JPEGs
   (benchmarks/_litdata.py; --workers persistent workers; local only, as _litdata.py says why)
 
+``--drop-caches`` (root) adds a third row to each round: a warm epoch after the kernel's page
+cache was dropped, its shards read from the disk. The cold epoch writes what it downloads
+into new pages of the page cache; the warm row then reads them from memory, the third from
+the disk into new pages as the cold one did. The machine's price of a new page is printed
+(``page_cache_cost``: CPU per MB written into a new file and over the same file again; on a
+VM whose host backs guest memory lazily the first can be 10-20x the second).
+
 Then the index builds with no cache, with the DALI index files ``fastload pack`` writes and
 without them (the tar headers walked; the same shards uploaded again without ``.idx``), in
 seconds and requests (NOTE [reading through small gaps]); the ratios the issue sets, the
@@ -113,6 +120,34 @@ def split_cores(store_cpus: int) -> tuple[list[int], list[int]]:
     return cores[:-store_cpus], cores[-store_cpus:]
 
 
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
+def drop_page_cache() -> None:
+    """Write back, then drop the kernel's clean page cache: the next reads come from the disk."""
+    os.sync()
+    Path(DROP_CACHES).write_text("1")
+
+
+def page_cache_cost(directory: Path, mb: int = 256) -> tuple[float, float]:
+    """ms of CPU per MB to write ``mb`` MB into a new file (the kernel takes new pages for its
+    page cache) and to write them again over the same file (the pages it has): what a cold
+    epoch pays per MB it downloads, apart from the network."""
+    path, buf = directory / "page-cache-probe", os.urandom(1 << 20)
+    costs = []
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+    try:
+        for _ in range(2):
+            start = time.process_time()
+            for i in range(mb):
+                os.pwrite(fd, buf, i << 20)
+            costs.append(1000 * (time.process_time() - start) / (mb * 1.048576))
+    finally:
+        os.close(fd)
+        path.unlink()
+    return costs[0], costs[1]
+
+
 def index_build(urls: list[str], options: dict[str, Any],
                 common: dict[str, Any]) -> tuple[float, int]:
     """Seconds and requests (counted by the ``latency::`` layer) of one TarShards index
@@ -156,10 +191,15 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--repeats", type=int, default=3,
                         help="cold/warm pairs of the remote shards rows (medians shown)")
+    parser.add_argument("--drop-caches", action="store_true",
+                        help="add a warm row read from the disk: the kernel's page cache dropped "
+                             "before it (root: /proc/sys/vm/drop_caches)")
     parser.add_argument("--store-cpus", type=int, default=0,
                         help="cores for moto's server alone (the loaders get the others); "
                              "0: it shares every core with them")
     args = parser.parse_args()
+    if args.drop_caches and not os.access(DROP_CACHES, os.W_OK):
+        raise SystemExit(f"--drop-caches: {DROP_CACHES} is not writable here (run as root)")
     store_cores: list[int] = []
     if args.store_cpus:
         loader_cores, store_cores = split_cores(args.store_cpus)
@@ -179,6 +219,7 @@ def main() -> None:
     rows["folder local (threads)"] = epochs(n, DataLoader(ImageFolder(str(local), **common), **run))
     rows["shards local (threads)"] = epochs(n, DataLoader(TarShards(local_urls, **common), **run))
     rows["webdataset local"] = epochs(n, webdataset_loader(local_urls, size, batch, args.workers))
+    new_pages, old_pages = page_cache_cost(work)
     before_server = {p.pid for p in psutil.Process().children(recursive=True)}
     with served_folder(local, f"s3://shards-bench-{n}/folder", args.latency_ms) as (url, options):
         for child in psutil.Process().children(recursive=True):
@@ -188,14 +229,17 @@ def main() -> None:
         remote = [f"latency::{shard_root}/{Path(u).name}" for u in local_urls]
         folder = ImageFolder(url, storage_options=options, **common)
         rows["folder remote, per object (threads)"] = epochs(n, DataLoader(folder, **run))
-        pairs: dict[str, list[tuple[float, float]]] = {"cold": [], "warm": []}
-        index_s, server = [], {"cold": [], "warm": []}
+        kinds = ["cold", "warm"] + (["warm from disk"] if args.drop_caches else [])
+        pairs: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
+        index_s, server = [], {k: [] for k in kinds}
         for repeat in range(args.repeats):  # cold then warm, each cold in a new cache directory
             cache = {"disk": str(work / f"cache-{repeat}")}
             start = time.perf_counter()
             ds = TarShards(remote, storage_options=options, cache=cache, **common)
             index_s.append(time.perf_counter() - start)
-            for kind in ("cold", "warm"):  # warm: a new dataset over the same cache
+            for kind in pairs:  # warm: a new dataset over the same cache
+                if kind == "warm from disk":
+                    drop_page_cache()
                 dataset = ds if kind == "cold" else TarShards(
                     remote, storage_options=options, cache=cache, **common)
                 before = children_cpu()
@@ -205,10 +249,12 @@ def main() -> None:
             fetched = (f"{store.downloads} shards, {store.requests} range requests, {store.around} "
                        "samples read from the origin while their shard downloaded"
                        if store is not None else "no shard store: a range request per sample")
+        names = {"cold": "cold cache", "warm": "warm cache", "warm from disk": "warm, from disk"}
         for kind, got in pairs.items():
-            rows[f"shards remote, {kind} cache (threads)"] = (
+            rows[f"shards remote, {names[kind]} (threads)"] = (
                 statistics.median(g[0] for g in got), statistics.median(g[1] for g in got))
-        cold_vs_warm = [c[0] / w[0] for c, w in zip(pairs["cold"], pairs["warm"])]
+        cold_vs_warm = {kind: [c[0] / w[0] for c, w in zip(pairs["cold"], pairs[kind])]
+                        for kind in kinds[1:]}
 
         # the same shards without their DALI index files: the index walks the tar headers
         bare = work / "bare"
@@ -238,8 +284,14 @@ def main() -> None:
         shown = f"{value[0]:8.1f} {value[1]:8.1f}" if value else f"{'n/a':>8} {'n/a':>8} (not installed)"
         print(f"  {name:38s} {shown}")
     if args.repeats > 1:
-        print(f"  shards remote rows: medians of {args.repeats} cold/warm pairs; cold vs warm "
-              f"first epochs per pair: {', '.join(f'{r:.2f}x' for r in cold_vs_warm)}")
+        print(f"  shards remote rows: medians of {args.repeats} rounds; cold vs warm first epochs "
+              "per round: " + "; ".join(f"{kind} {', '.join(f'{r:.2f}x' for r in got)}"
+                                        for kind, got in cold_vs_warm.items()))
+    if args.drop_caches:
+        print("  warm, from disk: the page cache dropped before it (its shards and index read "
+              "from the disk, as after a reboot)")
+    print(f"  this machine's page cache: {new_pages:.2f} ms of CPU per MB written into new pages, "
+          f"{old_pages:.2f} into pages it holds (a cold epoch writes its downloads into new ones)")
     print(f"  index of {len(remote)} remote shards built in {statistics.median(index_s):.2f} s "
           f"(median of {len(index_s)}); "
           f"{ds.index.nbytes / len(ds):.0f} bytes/sample")
@@ -256,8 +308,11 @@ def main() -> None:
         return f"{x[epoch] / y[epoch]:.2f}x" if x and y else "n/a"
 
     cold, warm_row = "shards remote, cold cache (threads)", "shards remote, warm cache (threads)"
+    from_disk = "shards remote, warm, from disk (threads)"
     print(f"  cold vs per object (first epochs): {ratio(cold, 'folder remote, per object (threads)', 0)} "
-          f"(target >= 5x); cold vs warm cache (first epochs): {ratio(cold, warm_row, 0)} (target >= 0.8x)")
+          f"(target >= 5x); cold vs warm cache (first epochs): {ratio(cold, warm_row, 0)}"
+          + (f", vs warm from disk {ratio(cold, from_disk, 0)}" if args.drop_caches else "")
+          + " (target >= 0.8x)")
     print(f"  vs webdataset: local {ratio('shards local (threads)', 'webdataset local', 1)}, remote "
           f"{ratio(cold, 'webdataset remote', 0)} cold / {ratio(cold, 'webdataset remote', 1)} second "
           f"epochs (target >= 1.5x); local shards vs litdata (second epochs): "
