@@ -89,3 +89,18 @@ def test_an_object_shorter_than_its_index_says_is_refused_by_name(chain, remote,
     fs, path = fsspec.core.url_to_fs(url, **options)
     with pytest.raises(OSError, match=r"shard-000000\.tar came back as .* shorter than its indexed size"):
         download(fs, path, SIZE + 1000, tmp_path)
+
+
+def test_a_stalled_store_ends_the_download_at_its_deadline_naming_the_bytes(
+        remote, s3_options, shard, tmp_path):
+    fs, path = fsspec.core.url_to_fs(f"latency::{remote}", s3=s3_options, latency={"latency": 0.001})
+    files = ShardFiles(CacheDir(tmp_path / "cache", create=True))
+    name, fd = files.new_temp(SIZE)
+    fs.hold()
+    try:
+        with pytest.raises(TimeoutError, match=r"bytes 0-2621440 of .*shard-000000\.tar took over 0\.5 s"):
+            download_ranges(fs, path, SIZE, fd, part=PART, deadline=0.5)
+    finally:
+        fs.release()
+        os.close(fd)
+    assert download(fs, path, SIZE, tmp_path / "again") == (shard[0], 3)

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -23,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import fsspec.asyn
+from fsspec.exceptions import FSTimeoutError
 
 from fastload.io.fetch import is_async
 from fastload.io.origin import READ_DEADLINE_S, attempts_here, backoff, is_unavailable
@@ -60,7 +62,12 @@ def download_ranges(
     if size == 0:
         return 0
     if is_async(fs):
-        return fsspec.asyn.sync(fs.loop, _download_async, fs, path, parts, fd, in_flight, deadline)
+        try:
+            return fsspec.asyn.sync(fs.loop, _download_async, fs, path, parts, fd, in_flight,
+                                    deadline)
+        except FSTimeoutError as exc:  # fsspec's sync drops the message of a TimeoutError
+            cause = exc.__cause__
+            raise TimeoutError(str(cause) or f"{path}: a part took over {deadline:g} s") from cause
     with ThreadPoolExecutor(max_workers=min(in_flight, len(parts)),
                             thread_name_prefix="fastload-shard-part") as pool:
         for _ in pool.map(lambda p: _part_sync(fs, path, p, fd), parts):
@@ -121,9 +128,10 @@ async def _write_part(fs: Any, path: str, start: int, end: int, fd: int) -> int:
     """Write bytes ``[start, end)`` of ``path`` at their offsets in ``fd`` as they arrive
     (NOTE [streamed ranges]); the bytes the store sent, up to one piece past ``end``."""
     offset = start
-    async for piece in range_chunks(fs, path, start, end):
-        os.pwrite(fd, piece[: max(end - offset, 0)], offset)
-        offset += len(piece)
-        if offset > end:
-            break  # a store that sent more than asked: reported as a wrong length
+    async with contextlib.aclosing(range_chunks(fs, path, start, end)) as pieces:
+        async for piece in pieces:
+            os.pwrite(fd, piece[: max(end - offset, 0)], offset)
+            offset += len(piece)
+            if offset > end:
+                break  # a store that sent more than asked: reported as a wrong length
     return offset - start

@@ -36,20 +36,21 @@ CHUNK_BYTES = 1 << 20
 """The most bytes one piece of a streamed range holds."""
 
 
-async def range_chunks(fs: Any, path: str, start: int, end: int) -> AsyncIterator[bytes]:
+def range_chunks(fs: Any, path: str, start: int, end: int) -> AsyncIterator[bytes]:
     """Bytes ``[start, end)`` of ``path`` on the async filesystem ``fs``, in pieces of at most
     :data:`CHUNK_BYTES` where it can stream them (NOTE [streamed ranges]), else in one. The
-    pieces hold fewer bytes than asked when the object is shorter; errors are the backend's."""
+    pieces hold fewer bytes than asked when the object is shorter; errors are the backend's.
+    Close it (``contextlib.aclosing``) when leaving it early: that ends the response."""
     own = getattr(fs, "_range_chunks", None)
     if own is not None:
-        async for piece in own(path, start, end):
-            yield piece
-        return
+        return own(path, start, end)
     s3fs = sys.modules.get("s3fs")
     if s3fs is not None and isinstance(fs, s3fs.S3FileSystem) and end > start:
-        async for piece in _s3_chunks(fs, path, start, end):
-            yield piece
-        return
+        return _s3_chunks(fs, path, start, end)
+    return _whole(fs, path, start, end)
+
+
+async def _whole(fs: Any, path: str, start: int, end: int) -> AsyncIterator[bytes]:
     yield await fs._cat_file(path, start=start, end=end)
 
 

@@ -35,6 +35,7 @@ target through (NOTE [streamed ranges])::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -149,8 +150,10 @@ class LatencyFileSystem(ChainedFileSystem):
             yield await self._cat_file(path, start=start, end=end)
             return
         await self._arrive("cat_file")
-        async for piece in range_chunks(self.fs, self._target_path(path), start, end):
-            yield piece
+        target = self._target_path(path)
+        async with contextlib.aclosing(range_chunks(self.fs, target, start, end)) as pieces:
+            async for piece in pieces:
+                yield piece
 
     async def _arrive(self, method: str) -> None:
         """A request on :attr:`loop`: counted, held while :meth:`hold` says so, delayed."""
