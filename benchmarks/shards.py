@@ -27,7 +27,7 @@ cache was dropped, its shards read from the disk. The cold epoch writes what it 
 into new pages of the page cache; the warm row then reads them from memory, the third from
 the disk into new pages as the cold one did. The machine's price of a new page is printed
 (``page_cache_cost``: CPU per MB written into a new file and over the same file again; on a
-VM whose host backs guest memory lazily the first can be 10-20x the second).
+VM whose host backs guest memory lazily the first was 3-20x the second on the test machine).
 
 Then the index builds with no cache, with the DALI index files ``fastload pack`` writes and
 without them (the tar headers walked; the same shards uploaded again without ``.idx``), in
@@ -39,7 +39,7 @@ bound); >= 1.5x webdataset, local and remote; >= LitData; local shards >= the fo
 nothing else running.
 
 moto's server runs on this machine. By default it shares every core with the loaders, so its
-CPU per request and per byte (about 1 s for a cold epoch of 300 MB here) is taken from the
+CPU per request and per byte (0.5-1.5 s for a cold epoch of 336 MB here) is taken from the
 decode; ``--store-cpus N`` gives it the last N cores and every loader (and its workers) the
 others, as a store on other machines would be: the rows then compare loaders on fewer cores.
 
