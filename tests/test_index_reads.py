@@ -1,7 +1,9 @@
 """Indexing remote shards in few requests (NOTE [reading through small gaps]): byte ranges of
 one file merged across small gaps on a remote store and read exactly on a local disk, the
 tar header walk reading through small samples but not large ones, and TarShards indexing
-shards written by ``fastload pack`` on moto's S3 server with one label read a shard."""
+shards written by ``fastload pack`` on moto's S3 server from their labels files (NOTE [the
+labels file]), or with one merged label read a shard without them, and never trusting a
+labels file that does not match its shard."""
 
 from __future__ import annotations
 
@@ -109,24 +111,73 @@ def test_the_header_walk_does_not_read_through_large_samples():
     assert reads == 7 and read_bytes <= 7 * WALK_BLOCK  # 64 KB a sample and the end, not 1 MiB
 
 
-def test_packed_shards_on_s3_index_with_one_label_read_a_shard(jpeg_root, s3_options, s3_server,
-                                                               tmp_path):
+def _packed_on_s3(jpeg_root, s3_options, tmp_path, name: str):
     local = pack(str(jpeg_root), str(tmp_path / "packed"), shard_size=150_000)
     fs = fsspec.filesystem("s3", **s3_options)
     if not fs.exists(BUCKET):
         fs.mkdir(BUCKET)
-    remote = pack(str(jpeg_root), f"s3://{BUCKET}/packed", shard_size=150_000,
+    remote = pack(str(jpeg_root), f"s3://{BUCKET}/{name}", shard_size=150_000,
                   dst_options=s3_options)
     assert len(remote.urls) >= 3
-    s3_server.reset_counts()
-    ds = TarShards(remote.urls, size=32, storage_options=s3_options)
-    here = TarShards(local.urls, size=32)
+    return local, remote, fs
+
+
+def _same_index(ds: TarShards, here: TarShards) -> None:
     assert len(ds) == len(here) == 48
     for name in ("offsets", "lengths", "labels", "shards"):
         assert np.array_equal(getattr(ds.index, name), getattr(here.index, name)), name
-    per_shard = [len(ds.index.offsets[ds.index.shards == s]) for s in range(len(remote.urls))]
-    for url, samples in zip(remote.urls, per_shard):
+
+
+def test_packed_shards_on_s3_index_from_their_labels_files(jpeg_root, s3_options, s3_server,
+                                                           tmp_path):
+    local, remote, _ = _packed_on_s3(jpeg_root, s3_options, tmp_path, "labelled")
+    s3_server.reset_counts()
+    _same_index(TarShards(remote.urls, size=32, storage_options=s3_options),
+                TarShards(local.urls, size=32))
+    for url in remote.urls:
         path = url.removeprefix("s3://")
-        assert samples >= 5
-        assert s3_server.count("GET", path) == 1  # its labels: one merged read, not one each
+        assert s3_server.count("GET", path) == 0  # no byte of the shard itself
         assert s3_server.count("GET", path.removesuffix(".tar") + ".idx") == 1
+        assert s3_server.count("GET", path.removesuffix(".tar") + ".labels") == 1
+    text = (tmp_path / "packed" / Path(local.urls[0]).name).with_suffix(".labels").read_text()
+    head, *labels = text.splitlines()
+    assert head.startswith("fastload-labels v1 ")
+    first = TarShards(local.urls[:1], size=32)
+    assert [int(x) for x in labels] == first.targets.tolist()
+
+
+def test_without_labels_files_the_labels_are_one_merged_read_a_shard(jpeg_root, s3_options,
+                                                                     s3_server, tmp_path):
+    local, remote, fs = _packed_on_s3(jpeg_root, s3_options, tmp_path, "unlabelled")
+    for url in remote.urls:
+        fs.rm_file(url.removesuffix(".tar") + ".labels")
+    s3_server.reset_counts()
+    _same_index(TarShards(remote.urls, size=32, storage_options=s3_options),
+                TarShards(local.urls, size=32))
+    for url in remote.urls:
+        path = url.removeprefix("s3://")
+        assert s3_server.count("GET", path) == 1  # its labels: one merged read, not one each
+
+
+@pytest.mark.parametrize("damage", ["other shard", "cut short", "not labels"])
+def test_a_labels_file_that_does_not_match_its_shard_is_named_and_not_used(
+        damage, jpeg_root, tmp_path, caplog):
+    paths = [u.removeprefix("file://") for u in
+             pack(str(jpeg_root), str(tmp_path / "packed"), shard_size=150_000).urls]
+    labels = Path(paths[0]).with_suffix(".labels")
+    head, *rows = labels.read_text().splitlines()
+    _, _, size, count = head.split()
+    if damage == "other shard":  # labels of a shard since rewritten by another tool
+        text = f"fastload-labels v1 {int(size) + 512} {count}\n" + "".join(f"{(int(r) + 1) % 9}\n" for r in rows)
+    elif damage == "cut short":
+        text = "\n".join([head, *rows[:-2]]) + "\n"
+    else:
+        text = "3\n1\n"
+    labels.write_text(text)
+    with caplog.at_level("WARNING", logger="fastload.data.shard_build"):
+        ds = TarShards(paths, size=32)
+    assert f"{labels}" in caplog.text and "read from the shard instead" in caplog.text
+    assert ds.targets[:len(rows)].tolist() == [int(r) for r in rows]  # the members' labels
+    for path in paths:
+        Path(path).with_suffix(".labels").unlink()
+    assert np.array_equal(ds.targets, TarShards(paths, size=32).targets)

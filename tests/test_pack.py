@@ -327,7 +327,7 @@ def test_pack_between_s3_and_local_disk_writes_the_same_shards(s3_jpegs, s3_opti
     assert to_s3.shards == local.shards
     assert not list(Path(tempfile.gettempdir()).glob(f"fastload-pack-{os.getpid()}-*"))
     for name, data in want.items():
-        if name.endswith((".tar", ".idx")):
+        if name.endswith((".tar", ".idx", ".labels")):
             assert fs.cat_file(f"fastload-test-shards/from-local/{name}") == data, name
 
 
@@ -340,7 +340,7 @@ def test_a_rerun_removes_the_temps_of_a_killed_pack_and_nothing_else(jpeg_root, 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stale = [dst / f"shard-000000.tar.tmp-{dead.pid}", dst / f"shard-000000.idx.tmp-{dead.pid}",
-             dst / f"shards.json.tmp-{dead.pid}"]
+             dst / f"shard-000000.labels.tmp-{dead.pid}", dst / f"shards.json.tmp-{dead.pid}"]
     kept = [dst / f"shard-000001.tar.tmp-{os.getppid()}", dst / "notes.tmp-1", dst / "mine.tar"]  # a live pid
     for path in stale + kept:
         path.write_bytes(b"x")

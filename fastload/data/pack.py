@@ -13,7 +13,8 @@ report: it fails in the pipeline as it would unpacked). The tars are plain POSIX
 files, byte for byte what ``tarfile`` (and so webdataset's own ``TarWriter``) makes of them.
 Beside each shard is its DALI index (``x.idx``, ``wds2idx``'s v1.2 format, for DALI's
 reader's ``index_paths``: tests/test_dali_shards.py reads with it; :class:`~fastload.TarShards`
-then reads no headers), and in ``dst`` a ``shards.json`` in wids' shard-index format
+then reads no headers) and its labels file (``x.labels``, NOTE [the labels file]: indexing then
+reads no label members either), and in ``dst`` a ``shards.json`` in wids' shard-index format
 (``__kind__: wids-shard-index-v1``, ``shardlist`` of ``url``/``nsamples``) with fastload's
 own fields under ``"fastload"``: the classes, the source, and each finished shard's sample
 range.
@@ -24,8 +25,8 @@ final one, fsynced and renamed when it is whole; a remote one gets a local spool
 temporary directory, uploaded whole (object stores make it visible at close) and removed.
 The data of a local source file is copied by the kernel (``copy_file_range``) without
 entering Python; other sources are read ahead by a thread pool within a memory budget
-(:mod:`fastload.data.pack_read`). Finishing a shard (fsync and rename, or upload; its ``.idx``;
-``shards.json`` rewritten) runs in a helper thread while the next shard is written. A
+(:mod:`fastload.data.pack_read`). Finishing a shard (fsync and rename, or upload; its ``.idx``
+and ``.labels``; ``shards.json`` rewritten) runs in a helper thread while the next shard is written. A
 second run with the same arguments continues after the last shard ``shards.json`` recorded
 (a shard whose file is missing or of another size is written again). So a pack interrupted
 at any point resumes, and the shards are the same as an uninterrupted run's.
@@ -55,6 +56,7 @@ import fsspec
 from fastload.data.images import ImageFolder
 from fastload.data.pack_read import Sample, open_files, read_ahead
 from fastload.data.pack_tar import ShardFile
+from fastload.data.shard_labels import labels_url_of, write_labels
 from fastload.data.tarfiles import index_url_of, write_dali_index
 from fastload.data.transcode import Transcode
 from fastload.errors import ConfigError
@@ -181,7 +183,7 @@ def pack(
                 plan["source"])
     done = _done_shards(fs, root, _load_manifest(fs, f"{root}/{MANIFEST}"), plan)
     report = PackReport(dst, resumed_from=len(done))
-    out = _Destination(fs, root, _manifest_writer(source.classes, plan), done)
+    out = _Destination(fs, root, _manifest_writer(source.classes, plan), done, source.index.label)
     publisher = _Publisher(out)
 
     def finished(entry: dict[str, Any] | None) -> None:
@@ -243,12 +245,12 @@ def _add(shard: ShardFile, source: ImageFolder, key_of: Callable[[str], tuple[st
 class _Destination:
     """Where shards go: each is written to a local file (beside its final name, or in the
     temporary directory for a remote ``dst``), then, in a helper thread while the next one
-    is written, made durable and visible (fsync + rename, or an upload), with its ``.idx``,
-    and recorded in ``shards.json``."""
+    is written, made durable and visible (fsync + rename, or an upload), with its ``.idx``
+    and ``.labels``, and recorded in ``shards.json``."""
 
     def __init__(self, fs: Any, root: str, manifest: Callable[[list[dict[str, Any]]], str],
-                 done: list[dict[str, Any]]):
-        self.fs, self.root, self.manifest = fs, root, manifest
+                 done: list[dict[str, Any]], label_of: Callable[[int], int]):
+        self.fs, self.root, self.manifest, self.label_of = fs, root, manifest, label_of
         self.local = isinstance(fs, fsspec.implementations.local.LocalFileSystem)
         if self.local:
             _remove_stale_temps(root)
@@ -282,6 +284,8 @@ class _Destination:
         finally:
             shard.discard()  # removes the spooled copy (a renamed file is not there any more)
         _write(self.fs, index_url_of(path), write_dali_index(rows).encode())
+        labels = [self.label_of(i) for i in range(first, first + len(rows))]
+        _write(self.fs, labels_url_of(path), write_labels(size, labels).encode())
         entry = {"url": name, "nsamples": len(rows), "bytes": size,
                  "start": first, "stop": first + len(rows)}
         self.shards.append(entry)
@@ -337,8 +341,8 @@ def _manifest_writer(classes: Sequence[str],
 
 def _remove_stale_temps(root: str) -> None:
     """Delete what an earlier pack killed mid-shard left in ``root``: its own temp files
-    (``<shard or shards.json or .idx>.tmp-<pid>``, the names this module writes) whose process
-    is gone. Anything else, and a live process's temps, are left alone."""
+    (``<shard, .idx, .labels or shards.json>.tmp-<pid>``, the names this module writes)
+    whose process is gone. Anything else, and a live process's temps, are left alone."""
     try:
         names = os.listdir(root)
     except OSError:
@@ -354,7 +358,7 @@ def _remove_stale_temps(root: str) -> None:
             logger.debug("could not remove %s: %s", name, exc)
 
 
-_TEMP = re.compile(r"(.+\.(?:tar|idx)|" + re.escape(MANIFEST) + r")\.tmp-(\d+)")
+_TEMP = re.compile(r"(.+\.(?:tar|idx|labels)|" + re.escape(MANIFEST) + r")\.tmp-(\d+)")
 
 
 def _alive(pid: int) -> bool:

@@ -1,9 +1,10 @@
 """Building a :class:`~fastload.data.shard_index.ShardIndex` and keeping it in the cache.
 
 Each shard is read concurrently (:data:`BUILD_JOBS` at once): one ``info`` for its size and
-version, then its DALI index file when one sits beside it (``x.tar`` -> ``x.idx``; the label
-members are then read in one ``cat_ranges`` call) or else its headers (NOTE [the shard index]
-in :mod:`.shard_index`). The built index is stored in the cache's shared tiers under a key of
+version, then its DALI index file when one sits beside it (``x.tar`` -> ``x.idx``; the labels
+then come from ``fastload pack``'s labels file, NOTE [the labels file] in :mod:`.shard_labels`,
+or else from the label members, read merged: NOTE [reading through small gaps]) or else its
+headers (NOTE [the shard index] in :mod:`.shard_index`). The built index is stored in the cache's shared tiers under a key of
 the shard URLs and options, and reused for ``listing_max_age`` seconds (as a folder's listing,
 NOTE [the stored listing]).
 
@@ -30,6 +31,7 @@ from fastload.data.shard_index import (
     ShardRows,
     parse_label,
 )
+from fastload.data.shard_labels import labels_url_of, parse_labels
 from fastload.data.tarfiles import index_url_of, parse_dali_index, split_key, walk_members
 from fastload.errors import DatasetError
 from fastload.io.errors import storage_error
@@ -94,14 +96,32 @@ def _from_headers(fs: Any, path: str, size: int, url: str) -> ShardRows:
     return group_rows(members, labels)
 
 
-def _from_index_file(fs: Any, path: str, text: str, url: str) -> ShardRows:
+def _from_index_file(fs: Any, path: str, text: str, url: str, size: int) -> ShardRows:
     samples = parse_dali_index(text, index_url_of(url))
     # v1.1 lists no names: a sample's key is then its position
-    members = [(name or f"{i:09d}.{ext}", off, size)
-               for i, sample in enumerate(samples) for ext, off, size, name in sample]
+    named = [[(name or f"{i:09d}.{ext}", off, length) for ext, off, length, name in sample]
+             for i, sample in enumerate(samples)]
+    members = [m for sample in named for m in sample]
+    given = _labels_beside(fs, path, url, size, len(samples))
+    if given is not None:  # NOTE [the labels file]
+        return group_rows(members, {n: str(label).encode() for sample, label in zip(named, given)
+                                    for n, _, _ in sample if _is_label(n)})
     wanted = [(n, o, s) for n, o, s in members if _is_label(n)]
     data = read_ranges(fs, path, [(o, s) for _, o, s in wanted])
     return group_rows(members, {n: d for (n, _, _), d in zip(wanted, data)})
+
+
+def _labels_beside(fs: Any, path: str, url: str, size: int, samples: int) -> list[int] | None:
+    """The labels in the shard's labels file, if it has one that matches it."""
+    try:
+        text = fs.cat_file(labels_url_of(path)).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return None
+    try:
+        return parse_labels(text, shard_bytes=size, samples=samples, where=labels_url_of(url))
+    except ValueError as exc:
+        logger.warning("%s; the labels are read from the shard instead", exc)
+        return None
 
 
 def _one_shard(fs: Any, url: str, path: str) -> tuple[str, ShardRows]:
@@ -110,7 +130,7 @@ def _one_shard(fs: Any, url: str, path: str) -> tuple[str, ShardRows]:
         idx_path = index_url_of(path)
         text = fs.cat_file(idx_path).decode() if fs.exists(idx_path) else None
         if text is not None:
-            rows = _from_index_file(fs, path, text, url)
+            rows = _from_index_file(fs, path, text, url, int(info["size"]))
         else:
             rows = _from_headers(fs, path, int(info["size"]), url)
     except DatasetError:
