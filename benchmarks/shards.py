@@ -29,10 +29,10 @@ the disk into new pages as the cold one did. The machine's price of a new page i
 (``page_cache_cost``: CPU per MB written into a new file and over the same file again; on a
 VM whose host backs guest memory lazily the first was 3-20x the second on the test machine).
 
-Then the index builds with no cache, with the DALI index files ``fastload pack`` writes and
-without them (the tar headers walked; the same shards uploaded again without ``.idx``), in
-seconds and requests (NOTE [reading through small gaps]); the ratios the issue sets, the
-shuffle quality of the shard order vs a uniform permutation, and the index's bytes per
+Then the index builds with no cache: with the DALI index and labels files ``fastload pack``
+writes, with the index files only (the label members read, merged), and with neither (the
+tar headers walked), the same shards uploaded again for each, in seconds and requests (NOTE
+[reading through small gaps]); the ratios the issue sets, the shuffle quality of the shard order vs a uniform permutation, and the index's bytes per
 sample. Targets (issue 23): the cold first epoch >= 5x
 the per-object one, and within 20% of the warm cache's first epoch (the store is not the
 bound); >= 1.5x webdataset, local and remote; >= LitData; local shards >= the folder. Run with
@@ -256,15 +256,18 @@ def main() -> None:
         cold_vs_warm = {kind: [c[0] / w[0] for c, w in zip(pairs["cold"], pairs[kind])]
                         for kind in kinds[1:]}
 
-        # the same shards without their DALI index files: the index walks the tar headers
-        bare = work / "bare"
-        bare.mkdir()
-        for u in local_urls:
-            (bare / Path(u).name).hardlink_to(u)
-        bare_root = upload_folder(options["s3"], bare, f"s3://shards-bench-{n}/bare")
-        builds = {"with index files": index_build(remote, options, common),
-                  "without (header walk)": index_build(
-                      [f"latency::{bare_root}/{Path(u).name}" for u in local_urls], options, common)}
+        # the same shards with their DALI index files only (the label members are read), and
+        # without either (the index walks the tar headers)
+        builds = {"with index and labels files": index_build(remote, options, common)}
+        for kind, suffixes in (("index files only", (".tar", ".idx")), ("neither (header walk)", (".tar",))):
+            copy = work / kind.split()[0]
+            copy.mkdir()
+            for u in local_urls:
+                for suffix in suffixes:
+                    (copy / Path(u).with_suffix(suffix).name).hardlink_to(Path(u).with_suffix(suffix))
+            copy_root = upload_folder(options["s3"], copy, f"s3://shards-bench-{n}/{copy.name}")
+            builds[kind] = index_build([f"latency::{copy_root}/{Path(u).name}" for u in local_urls],
+                                       options, common)
 
         def gopen_fsspec(u: str, mode: str = "rb", bufsize: int = 8192) -> Any:
             return fsspec.open(u, mode, **options).open()
