@@ -32,9 +32,9 @@ VM whose host backs guest memory lazily the first was 3-20x the second on the te
 Then the index builds with no cache: with the DALI index and labels files ``fastload pack``
 writes, with the index files only (the label members read, merged), and with neither (the
 tar headers walked), the same shards uploaded again for each, in seconds and requests (NOTE
-[reading through small gaps]); the ratios the issue sets, the shuffle quality of the shard order vs a uniform permutation, and the index's bytes per
-sample. Targets (issue 23): the cold first epoch >= 5x
-the per-object one, and within 20% of the warm cache's first epoch (the store is not the
+[reading through small gaps]); the ratios the issue sets, the shuffle quality of the shard
+order vs a uniform permutation, and the index's bytes per sample. Targets (issue 23): the
+cold first epoch >= 5x the per-object one, and within 20% of the warm cache's first epoch (the store is not the
 bound); >= 1.5x webdataset, local and remote; >= LitData; local shards >= the folder. Run with
 nothing else running.
 
