@@ -104,7 +104,8 @@ def main() -> None:
             "shard store download": store_download(files)}
     wall: dict[str, list[float]] = {k: [] for k in rows}
     cpu: dict[str, list[float]] = {k: [] for k in rows}
-    with served_folder(work / "objects", "s3://download-bench/objects", args.latency_ms) as (url, options):
+    served = served_folder(work / "objects", "s3://download-bench/objects", args.latency_ms)
+    with served as (url, options):
         fs, root = fsspec.core.url_to_fs(url, **with_timeouts(url, options))
         paths = sorted(fs.find(root))
         for _ in range(args.repeats):
@@ -118,7 +119,8 @@ def main() -> None:
                 cpu[name].append(cpu_seconds() - start_cpu)
                 for done in out.iterdir():
                     if done.stat().st_size != size:
-                        raise RuntimeError(f"{name}: {done} holds {done.stat().st_size} bytes, not {size}")
+                        raise RuntimeError(f"{name}: {done} holds {done.stat().st_size} "
+                                           f"bytes, not {size}")
                     done.unlink()
                 out.rmdir()
     total_mb = args.shards * size / 1e6
@@ -132,8 +134,9 @@ def main() -> None:
     ours = "shard store download"
     for name in rows:
         if name != ours:
-            print(f"{ours} vs {name}: wall {statistics.median(wall[name]) / statistics.median(wall[ours]):.2f}x, "
-                  f"CPU {statistics.median(cpu[name]) / statistics.median(cpu[ours]):.2f}x")
+            w = statistics.median(wall[name]) / statistics.median(wall[ours])
+            c = statistics.median(cpu[name]) / statistics.median(cpu[ours])
+            print(f"{ours} vs {name}: wall {w:.2f}x, CPU {c:.2f}x")
 
 
 if __name__ == "__main__":

@@ -34,9 +34,9 @@ writes, with the index files only (the label members read, merged), and with nei
 tar headers walked), the same shards uploaded again for each, in seconds and requests (NOTE
 [reading through small gaps]); the ratios the issue sets, the shuffle quality of the shard
 order vs a uniform permutation, and the index's bytes per sample. Targets (issue 23): the
-cold first epoch >= 5x the per-object one, and within 20% of the warm cache's first epoch (the store is not the
-bound); >= 1.5x webdataset, local and remote; >= LitData; local shards >= the folder. Run with
-nothing else running.
+cold first epoch >= 5x the per-object one, and within 20% of the warm cache's first epoch
+(the store is not the bound); >= 1.5x webdataset, local and remote; >= LitData; local shards
+>= the folder. Run with nothing else running.
 
 moto's server runs on this machine. By default it shares every core with the loaders, so its
 CPU per request and per byte (0.5-1.5 s for a cold epoch of 336 MB here) is taken from the
@@ -259,12 +259,14 @@ def main() -> None:
         # the same shards with their DALI index files only (the label members are read), and
         # without either (the index walks the tar headers)
         builds = {"with index and labels files": index_build(remote, options, common)}
-        for kind, suffixes in (("index files only", (".tar", ".idx")), ("neither (header walk)", (".tar",))):
+        for kind, suffixes in (("index files only", (".tar", ".idx")),
+                               ("neither (header walk)", (".tar",))):
             copy = work / kind.split()[0]
             copy.mkdir()
             for u in local_urls:
                 for suffix in suffixes:
-                    (copy / Path(u).with_suffix(suffix).name).hardlink_to(Path(u).with_suffix(suffix))
+                    source = Path(u).with_suffix(suffix)
+                    (copy / source.name).hardlink_to(source)
             copy_root = upload_folder(options["s3"], copy, f"s3://shards-bench-{n}/{copy.name}")
             builds[kind] = index_build([f"latency::{copy_root}/{Path(u).name}" for u in local_urls],
                                        options, common)

@@ -168,7 +168,8 @@ def test_a_labels_file_that_does_not_match_its_shard_is_named_and_not_used(
     head, *rows = labels.read_text().splitlines()
     _, _, size, count = head.split()
     if damage == "other shard":  # labels of a shard since rewritten by another tool
-        text = f"fastload-labels v1 {int(size) + 512} {count}\n" + "".join(f"{(int(r) + 1) % 9}\n" for r in rows)
+        shifted = "".join(f"{(int(r) + 1) % 9}\n" for r in rows)
+        text = f"fastload-labels v1 {int(size) + 512} {count}\n" + shifted
     elif damage == "cut short":
         text = "\n".join([head, *rows[:-2]]) + "\n"
     else:

@@ -144,7 +144,8 @@ def test_two_downloads_never_count_the_same_free_bytes(remote, s3_options, tmp_p
         outcomes = list(pool.map(lambda r: store.ensure(ds.fs, r, must=False), refs[:2]))
     # The second waits for the first's file: it finds no room, or (the first already done and
     # not pinned by ensure) evicts it. Never both downloaded into room for one.
-    assert sorted(outcomes) == ["fetched", "no room"] or (outcomes == ["fetched"] * 2 and store.evicted == 1)
+    assert (sorted(outcomes) == ["fetched", "no room"]
+            or (outcomes == ["fetched"] * 2 and store.evicted == 1))
     assert store.files.used() <= store.budget
 
 

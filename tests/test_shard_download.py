@@ -87,18 +87,21 @@ def test_an_object_shorter_than_its_index_says_is_refused_by_name(chain, remote,
     url = remote if chain == "s3" else f"latency::{remote}"
     options = {"s3": s3_options, "latency": {"latency": 0}} if chain != "s3" else s3_options
     fs, path = fsspec.core.url_to_fs(url, **options)
-    with pytest.raises(OSError, match=r"shard-000000\.tar came back as .* shorter than its indexed size"):
+    shorter = r"shard-000000\.tar came back as .* shorter than its indexed size"
+    with pytest.raises(OSError, match=shorter):
         download(fs, path, SIZE + 1000, tmp_path)
 
 
 def test_a_stalled_store_ends_the_download_at_its_deadline_naming_the_bytes(
         remote, s3_options, shard, tmp_path):
-    fs, path = fsspec.core.url_to_fs(f"latency::{remote}", s3=s3_options, latency={"latency": 0.001})
+    fs, path = fsspec.core.url_to_fs(f"latency::{remote}", s3=s3_options,
+                                     latency={"latency": 0.001})
     files = ShardFiles(CacheDir(tmp_path / "cache", create=True))
     name, fd = files.new_temp(SIZE)
     fs.hold()
     try:
-        with pytest.raises(TimeoutError, match=r"bytes 0-2621440 of .*shard-000000\.tar took over 0\.5 s"):
+        stalled = r"bytes 0-2621440 of .*shard-000000\.tar took over 0\.5 s"
+        with pytest.raises(TimeoutError, match=stalled):
             download_ranges(fs, path, SIZE, fd, part=PART, deadline=0.5)
     finally:
         fs.release()

@@ -26,9 +26,9 @@ temporary directory, uploaded whole (object stores make it visible at close) and
 The data of a local source file is copied by the kernel (``copy_file_range``) without
 entering Python; other sources are read ahead by a thread pool within a memory budget
 (:mod:`fastload.data.pack_read`). Finishing a shard (fsync and rename, or upload; its ``.idx``
-and ``.labels``; ``shards.json`` rewritten) runs in a helper thread while the next shard is written. A
-second run with the same arguments continues after the last shard ``shards.json`` recorded
-(a shard whose file is missing or of another size is written again). So a pack interrupted
+and ``.labels``; ``shards.json`` rewritten) runs in a helper thread while the next shard is
+written. A second run with the same arguments continues after the last shard ``shards.json``
+recorded (a shard whose file is missing or of another size is written again). So a pack interrupted
 at any point resumes, and the shards are the same as an uninterrupted run's.
 
 Example::

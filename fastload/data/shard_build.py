@@ -4,9 +4,9 @@ Each shard is read concurrently (:data:`BUILD_JOBS` at once): one ``info`` for i
 version, then its DALI index file when one sits beside it (``x.tar`` -> ``x.idx``; the labels
 then come from ``fastload pack``'s labels file, NOTE [the labels file] in :mod:`.shard_labels`,
 or else from the label members, read merged: NOTE [reading through small gaps]) or else its
-headers (NOTE [the shard index] in :mod:`.shard_index`). The built index is stored in the cache's shared tiers under a key of
-the shard URLs and options, and reused for ``listing_max_age`` seconds (as a folder's listing,
-NOTE [the stored listing]).
+headers (NOTE [the shard index] in :mod:`.shard_index`). The built index is stored in the
+cache's shared tiers under a key of the shard URLs and options, and reused for
+``listing_max_age`` seconds (as a folder's listing, NOTE [the stored listing]).
 
 Example::
 
