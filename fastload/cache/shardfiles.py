@@ -167,11 +167,11 @@ class ShardFiles:
 
     def stored(self) -> tuple[int, list[StoredShard]]:
         """Bytes the shard files and downloads in progress take, and the finished shards."""
-        for _ in range(7):
+        for _ in range(8):  # then, with files finishing all the time, a count that may be short
             scan, whole = self._scan()
             if whole:
-                return scan
-        return self._scan()[0]  # files finishing all the time: a count that may be short
+                break
+        return scan
 
     def _scan(self) -> tuple[tuple[int, list[StoredShard]], bool]:
         """One pass of :meth:`stored`, and False when a download was renamed into place during

@@ -397,9 +397,9 @@ class ShardStore:
         downloads never both count the same free bytes; None when there is no room."""
         files = self.files
         with files.budget_lock(self.lock_timeout) as got:
-            if (got and self._make_room(ref, d, must=must)) or (not got and must):
-                return files.new_temp(ref.size)  # counted in the budget before the lock goes
-            return None
+            fits = self._make_room(ref, d, must=must) if got else must
+            # the file counts in the budget before the lock goes
+            return files.new_temp(ref.size) if fits else None
 
     def _make_room(self, ref: ShardRef, d: str, *, must: bool) -> bool:
         """Evict until the shard fits (call under ``budget.lock``): whether it may be fetched."""

@@ -120,7 +120,8 @@ def _labels_beside(fs: Any, path: str, url: str, size: int, samples: int) -> lis
     try:
         return parse_labels(text, shard_bytes=size, samples=samples, where=labels_url_of(url))
     except ValueError as exc:
-        logger.warning("%s; the labels are read from the shard instead", exc)
+        logger.warning("%s; the labels are read from the shard instead (pack the shards "
+                       "again, or delete the labels file, to stop this warning)", exc)
         return None
 
 

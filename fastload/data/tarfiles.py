@@ -151,9 +151,8 @@ def walk_members(
     same range read as the header). ``through``: the most bytes one read takes when samples
     are small enough that it holds several headers (NOTE [reading through small gaps] in
     :mod:`fastload.io.ranges`); at most :data:`WALK_BLOCK` (the default, or 0) reads
-    :data:`WALK_BLOCK` at a time. Raises
-    ValueError naming ``where`` for a header that is not a tar header (a checksum mismatch)
-    or a member past the end of the file.
+    :data:`WALK_BLOCK` at a time. Raises ValueError naming ``where`` for a header that is
+    not a tar header (a checksum mismatch) or a member past the end of the file.
     """
     blocks = _Blocks(read_at, size, through)
     pos, long_name = 0, None
