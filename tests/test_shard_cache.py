@@ -149,6 +149,51 @@ def test_two_downloads_never_count_the_same_free_bytes(remote, s3_options, tmp_p
     assert store.files.used() <= store.budget
 
 
+def test_a_read_that_waited_for_the_download_to_begin_reads_around_it(
+        remote, s3_options, s3_server, tmp_path, monkeypatch):
+    """NOTE [reads around a download]: a read of a shard that another thread of the process
+    is about to download (its version asked first) does not wait for the whole download."""
+    import fastload.cache.shardstore as shardstore
+
+    ds = remote_ds(remote, s3_options, {"disk": str(tmp_path / "cache")})
+    first, second = [i for i in range(len(ds)) if ds.index.shards[i] == 0][:2]
+    expected = remote_ds(remote, s3_options, None).read_bytes(second)
+    asked, begun, finish = threading.Event(), threading.Event(), threading.Event()
+    check, download = shardstore.check_version, shardstore.download_ranges
+
+    def slow_check(fs, ref):  # the version asked over a slow network
+        asked.set()
+        assert begun.wait(60)
+        return check(fs, ref)
+
+    def slow_download(*args, **kw):  # a download that ends only when the test says so
+        assert finish.wait(60)
+        return download(*args, **kw)
+
+    monkeypatch.setattr(shardstore, "check_version", slow_check)
+    monkeypatch.setattr(shardstore, "download_ranges", slow_download)
+    got: dict[str, bytes] = {}
+    downloading = threading.Thread(target=lambda: got.update(first=ds.read_bytes(first)))
+    reading = threading.Thread(target=lambda: got.update(second=ds.read_bytes(second)))
+    try:
+        downloading.start()
+        assert asked.wait(60)
+        reading.start()  # finds the shard's gate taken: it waits for the download to begin
+        threading.Event().wait(0.2)  # (an ordering aid only: the read is waiting by now)
+        begun.set()
+        reading.join(60)
+        assert not reading.is_alive(), "the read waited for the whole download"
+        assert got["second"] == expected and ds.shard_store.around == 1
+        assert "first" not in got  # the download was still going on
+    finally:
+        begun.set()
+        finish.set()
+        downloading.join(60)
+        reading.join(60)
+    assert got["first"] == remote_ds(remote, s3_options, None).read_bytes(first)
+    assert ds.shard_store.downloads == 1
+
+
 def test_a_budget_below_the_shuffle_window_is_refused(remote, s3_options, tmp_path):
     with pytest.raises(ConfigError, match=r"Raise the cache's shard_budget .* or lower shuffle_window"):
         remote_ds(remote, s3_options, {"disk": str(tmp_path / "c"), "shard_budget": 1000})

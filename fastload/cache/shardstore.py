@@ -29,7 +29,8 @@ serves each sample with one ``pread`` of its (offset, length) there:
   (:meth:`ShardStore.ensure` with ``must=False``) waits for room instead.
 * **Pins per process**: a process keeps at most ``keep_open`` shards pinned (the least
   recently read one is released first), so a reader moving through the shards in order
-  frees the ones behind it for eviction: streaming from a store larger than the budget works.
+  frees the ones behind it for eviction: streaming from a store larger than the budget works
+  (:mod:`.shardpins`).
 * **Shared across nodes** through the cache's shared tiers other than the disk (Redis): a
   shard downloaded from the origin is published there whole under ``make_key(url,
   version)`` when it is at most ``publish_max`` bytes (the Redis tier chunks it and checks
@@ -44,8 +45,6 @@ Example::
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import fcntl
 import logging
 import os
@@ -60,6 +59,7 @@ from fastload.cache.keys import digest
 from fastload.cache.safefs import take_lock
 from fastload.cache.shardfetch import download_ranges
 from fastload.cache.shardfiles import ShardFiles, file_checksum
+from fastload.cache.shardpins import Pins, ShardPin
 from fastload.cache.shardsource import (
     ShardChangedError,
     ShardRef,
@@ -73,33 +73,23 @@ from fastload.errors import CacheError
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "ShardBusyError", "ShardChangedError", "ShardRef", "ShardStore", "open_shard_store",
+    "ShardBusyError", "ShardChangedError", "ShardFillingError", "ShardRef", "ShardStore",
+    "open_shard_store",
 ]
 
 PUBLISH_MAX = 256 << 20
 """Largest shard published whole to a shared tier (Redis) by default."""
+
+_AROUND_POLL_S = 0.005
+"""How often a read waiting to open a shard looks whether this process downloads it."""
 
 
 class ShardBusyError(CacheError):
     """Another process held a shard's lock past the timeout; read from the origin instead."""
 
 
-class _Pin:
-    """A shard this process holds: its lock (shared) and its data file's descriptor.
-
-    Reads count themselves in and out (``users``): a pin released while a thread reads it
-    closes its descriptors after that read, never under it (a reused descriptor number
-    would read another file)."""
-
-    def __init__(self, lock_fd: int, data_fd: int) -> None:
-        self.lock_fd, self.data_fd = lock_fd, data_fd
-        self.users = 0
-        self.retired = False
-
-    def close(self) -> None:
-        for fd in (self.data_fd, self.lock_fd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+class ShardFillingError(ShardBusyError):
+    """This process is downloading the shard now: read the range from the origin meanwhile."""
 
 
 class ShardStore:
@@ -143,13 +133,12 @@ class ShardStore:
     def _after_fork(self) -> None:
         """In a forked child: close the parent's pins (the parent's own descriptors keep its
         locks) so that they go when the parent lets go of them, and pin anew."""
-        for pin in self._pins.values():
-            pin.close()
+        self._pins.close_inherited()
         self._setup()
 
     def _setup(self) -> None:
         self._mutex = threading.Lock()
-        self._pins: collections.OrderedDict[str, _Pin] = collections.OrderedDict()
+        self._pins = Pins(self.keep_open)
         self._opening: dict[str, threading.Lock] = {}
         self._verified: set[str] = set()
         self._held_damaged: set[str] = set()
@@ -175,13 +164,14 @@ class ShardStore:
 
     def read(self, fs: Any, ref: ShardRef, offset: int, length: int) -> bytes:
         """Bytes ``[offset, offset + length)`` of the shard, from its local file (downloaded
-        first if needed). Raises :class:`ShardBusyError`, :class:`ShardChangedError` or the
+        first if needed). Raises :class:`ShardBusyError` (:class:`ShardFillingError` when
+        another thread of this process downloads it now), :class:`ShardChangedError` or the
         download's error."""
         pin = self._pin(fs, ref, use=True)
         try:
             data = os.pread(pin.data_fd, length, offset)
         finally:
-            self._done(pin)
+            self._pins.done(pin)
         if len(data) != length:
             raise OSError(f"{ref.url}: {len(data)} of {length} bytes at {offset} in its local copy "
                           f"{self.files.path} (the range lies past the shard's end)")
@@ -211,9 +201,8 @@ class ShardStore:
         with self._mutex:
             gate = self._opening.setdefault(d, threading.Lock())
         with gate:  # after a reader of this process that opens it, if one does
-            with self._mutex:
-                if d in self._pins:
-                    return "hit"
+            if d in self._pins:
+                return "hit"
             lock_fd = self.files.open_lock(d)
             try:
                 # Shared first: a shard other readers hold is there; a download of another
@@ -235,57 +224,40 @@ class ShardStore:
 
     def release_all(self) -> None:
         """Unpin every shard this process holds (they may be evicted from now on)."""
-        with self._mutex:
-            pins, self._pins = list(self._pins.values()), collections.OrderedDict()
-            for pin in pins:
-                self._retire(pin)
+        self._pins.release_all()
 
     close = release_all
 
-    def _pin(self, fs: Any, ref: ShardRef, *, use: bool = False) -> _Pin:
+    def _pin(self, fs: Any, ref: ShardRef, *, use: bool = False) -> ShardPin:
         d = digest(ref.key)
+        pin = self._pins.use(d, use=use)
+        if pin is not None:
+            return pin
         with self._mutex:
-            pin = self._pins.get(d)
-            if pin is not None:
-                self._pins.move_to_end(d)
-                pin.users += use
-                return pin
             gate = self._opening.setdefault(d, threading.Lock())
-        with gate:  # threads of this process open a shard once
-            with self._mutex:
-                pin = self._pins.get(d)
-                if pin is not None:
-                    pin.users += use
-                    return pin
-            pin = self._open(fs, ref, d)
-            with self._mutex:
-                self._pins[d] = pin
-                pin.users += use
-                while len(self._pins) > self.keep_open:
-                    self._retire(self._pins.popitem(last=False)[1])
+        self._enter(gate, ref, d, around=use)
+        try:  # threads of this process open a shard once
+            pin = self._pins.use(d, use=use)
+            if pin is None:
+                pin = self._pins.add(d, self._open(fs, ref, d), use=use)
+        finally:
+            gate.release()
         return pin
 
-    def _done(self, pin: _Pin) -> None:
-        with self._mutex:
-            pin.users -= 1
-            if pin.retired and pin.users == 0:
-                pin.close()
+    def _enter(self, gate: threading.Lock, ref: ShardRef, d: str, *, around: bool) -> None:
+        """Take the shard's gate. A read (``around``) that finds another thread of this process
+        downloading the shard meanwhile raises :class:`ShardFillingError` instead of waiting
+        for the whole download (NOTE [reads around a download])."""
+        if not around:
+            gate.acquire()
+            return
+        while not gate.acquire(timeout=_AROUND_POLL_S):
+            with self._mutex:
+                if d in self._filling:
+                    self.around += 1
+                    raise ShardFillingError(f"{ref.url} is being downloaded by this process")
 
-    def _retire(self, pin: _Pin) -> None:
-        """Release a pin (call with the mutex held): now, or after the reads in progress."""
-        pin.retired = True
-        if pin.users == 0:
-            pin.close()
-
-    def _release_oldest(self) -> bool:
-        """Release this process's least recently read pin; False when it holds none."""
-        with self._mutex:
-            if not self._pins:
-                return False
-            self._retire(self._pins.popitem(last=False)[1])
-            return True
-
-    def _open(self, fs: Any, ref: ShardRef, d: str) -> _Pin:
+    def _open(self, fs: Any, ref: ShardRef, d: str) -> ShardPin:
         if d in self._held_damaged:
             raise ShardBusyError(f"the local copy of {ref.url} is damaged and held by another "
                                  "process; reading its ranges from the origin")
@@ -299,7 +271,7 @@ class ShardStore:
                 data_fd, problem = self._valid(d, ref)
                 if data_fd is not None:
                     files.touch(d)
-                    return _Pin(lock_fd, data_fd)
+                    return ShardPin(lock_fd, data_fd)
                 fcntl.flock(lock_fd, fcntl.LOCK_UN)
                 # Missing: another process may be downloading it, wait for it. Damaged: the
                 # processes that read it do not let go soon; the origin serves this one.
@@ -406,7 +378,7 @@ class ShardStore:
         files = self.files
         used, evicted = files.evict(ref.size, self.budget, keep=d)
         # A read that needs room first lets go of this process's own older shards.
-        while must and used + ref.size > self.budget and self._release_oldest():
+        while must and used + ref.size > self.budget and self._pins.release_oldest():
             used, more = files.evict(ref.size, self.budget, keep=d)
             evicted += more
         with self._mutex:

@@ -29,8 +29,11 @@ of 15 MB) before its first image, with every read thread blocked on a download. 
 *this process* downloads a shard (the reader ahead, or a reader that got there first), a
 read of one of its samples is one range request to the origin instead (``origin``, as for a
 copy another process holds), counted in the store's ``around``; once the shard is whole,
-reads are preads again. A shard another process downloads is waited for, as before: one
-download per node.
+reads are preads again. A read that comes while another thread is still opening the shard
+(its version asked before the download) waits for the download to begin, then goes around it;
+it used to wait for the whole download, every read thread idle for the first shards of a
+cold epoch. A shard another process downloads is waited for, as before:
+one download per node.
 
 Without a disk tier (memory or Redis only), for local files, or when the store cannot be
 opened, :meth:`CachedShards.open` gives None and the dataset reads ranges, cached as entries
