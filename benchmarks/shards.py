@@ -26,8 +26,10 @@ process]) and its second, in images/s:
 cache was dropped, its shards read from the disk. The cold epoch writes what it downloads
 into new pages of the page cache; the warm row then reads them from memory, the third from
 the disk into new pages as the cold one did. The machine's price of a new page is printed
-(``page_cache_cost``: CPU per MB written into a new file and over the same file again; on a
-VM whose host backs guest memory lazily the first was 3-20x the second on the test machine).
+(``page_cache_cost``: CPU per MB written into a new file and over the same file again). On the
+test machine, a VM whose balloon driver hands memory the guest frees back to the host within
+seconds (virtio-balloon free page reporting), a page new to the page cache is new to the
+guest, and the host backs it on first write: ~3 ms of CPU per MB, 15-50x a page it holds.
 
 Then the index builds with no cache: with the DALI index and labels files ``fastload pack``
 writes, with the index files only (the label members read, merged), and with neither (the
@@ -130,22 +132,30 @@ def drop_page_cache() -> None:
 
 
 def page_cache_cost(directory: Path, mb: int = 256) -> tuple[float, float]:
-    """ms of CPU per MB to write ``mb`` MB into a new file (the kernel takes new pages for its
-    page cache) and to write them again over the same file (the pages it has): what a cold
-    epoch pays per MB it downloads, apart from the network."""
-    path, buf = directory / "page-cache-probe", os.urandom(1 << 20)
-    costs = []
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
-    try:
-        for _ in range(2):
+    """ms of CPU per MB to write ``mb`` MB into a new file kept (the kernel takes new pages for
+    its page cache, as a cold epoch's downloads do), and to write them again over the same file
+    (pages it holds). A file of twice ``mb`` is written first and kept meanwhile: pages freed a
+    moment ago are reused cheaply (for a few seconds, on the test VM), and only pages past them
+    show what new memory costs here."""
+    buf = os.urandom(1 << 20)
+    first, probe = directory / "page-cache-first", directory / "page-cache-probe"
+
+    def write(path: Path, n: int) -> float:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT)
+        try:
             start = time.process_time()
-            for i in range(mb):
+            for i in range(n):
                 os.pwrite(fd, buf, i << 20)
-            costs.append(1000 * (time.process_time() - start) / (mb * 1.048576))
+            return 1000 * (time.process_time() - start) / (n * 1.048576)
+        finally:
+            os.close(fd)
+
+    try:
+        write(first, 2 * mb)
+        return write(probe, mb), write(probe, mb)
     finally:
-        os.close(fd)
-        path.unlink()
-    return costs[0], costs[1]
+        first.unlink(missing_ok=True)
+        probe.unlink(missing_ok=True)
 
 
 def index_build(urls: list[str], options: dict[str, Any],
@@ -163,9 +173,14 @@ def index_build(urls: list[str], options: dict[str, Any],
     return took, fs.total_requests - before
 
 
-def epochs(n: int, loader) -> tuple[float, float]:
-    """Images/s of a loader's first and second epoch."""
-    return n / epoch_seconds(loader), n / epoch_seconds(loader)
+def epochs(n: int, loader, cpu: list[float] | None = None) -> tuple[float, float]:
+    """Images/s of a loader's first and second epoch; the first's CPU seconds in this process
+    (every thread) appended to ``cpu`` when given."""
+    start = time.process_time()
+    first = n / epoch_seconds(loader)
+    if cpu is not None:
+        cpu.append(time.process_time() - start)
+    return first, n / epoch_seconds(loader)
 
 
 def litdata_row(local: Path, work: Path, n: int, size: int, batch: int, workers: int) -> tuple[float, float] | None:
@@ -232,6 +247,7 @@ def main() -> None:
         kinds = ["cold", "warm"] + (["warm from disk"] if args.drop_caches else [])
         pairs: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
         index_s, server = [], {k: [] for k in kinds}
+        loader_cpu: dict[str, list[float]] = {k: [] for k in kinds}
         for repeat in range(args.repeats):  # cold then warm, each cold in a new cache directory
             cache = {"disk": str(work / f"cache-{repeat}")}
             start = time.perf_counter()
@@ -243,7 +259,7 @@ def main() -> None:
                 dataset = ds if kind == "cold" else TarShards(
                     remote, storage_options=options, cache=cache, **common)
                 before = children_cpu()
-                pairs[kind].append(epochs(n, DataLoader(dataset, **run)))
+                pairs[kind].append(epochs(n, DataLoader(dataset, **run), loader_cpu[kind]))
                 server[kind].append(children_cpu() - before)
             store = ds.shard_store
             fetched = (f"{store.downloads} shards, {store.requests} range requests, {store.around} "
@@ -295,8 +311,11 @@ def main() -> None:
     if args.drop_caches:
         print("  warm, from disk: the page cache dropped before it (its shards and index read "
               "from the disk, as after a reboot)")
+    shard_mb = sum(Path(u).stat().st_size for u in local_urls) / 1e6
     print(f"  this machine's page cache: {new_pages:.2f} ms of CPU per MB written into new pages, "
-          f"{old_pages:.2f} into pages it holds (a cold epoch writes its downloads into new ones)")
+          f"{old_pages:.2f} into pages it holds; a cold epoch writes its {shard_mb:.0f} MB of "
+          f"downloads into new ones: ~{new_pages * shard_mb / 1000:.2f} s of CPU (on a VM that "
+          "hands freed memory back to its host, what memory freed seconds before costs varies)")
     print(f"  index of {len(remote)} remote shards built in {statistics.median(index_s):.2f} s "
           f"(median of {len(index_s)}); "
           f"{ds.index.nbytes / len(ds):.0f} bytes/sample")
@@ -307,6 +326,8 @@ def main() -> None:
     print(f"  the S3 server's own CPU (on {where}): {statistics.median(server['cold']):.2f} s "
           f"over the cold row's epochs, {statistics.median(server['warm']):.2f} s over the warm "
           "row's (medians)")
+    print("  the loader's own CPU over its first epoch (medians): " + ", ".join(
+        f"{kind} {statistics.median(got):.2f} s" for kind, got in loader_cpu.items()))
 
     def ratio(a: str, b: str, epoch: int) -> str:
         x, y = rows.get(a), rows.get(b)
