@@ -122,6 +122,20 @@ def test_a_budget_smaller_than_the_dataset_streams_through(remote, s3_options, t
     assert store.evicted >= 2
 
 
+def test_the_budget_counts_shards_and_downloads_not_a_record_being_written(tmp_path):
+    from fastload.cache.cachedir import CacheDir
+    from fastload.cache.safefs import write_temp
+    from fastload.cache.shardfiles import ShardFiles
+
+    files = ShardFiles(CacheDir(tmp_path / "cache", create=True))
+    name, fd = files.new_temp(10_000)  # a download in progress
+    os.close(fd)
+    write_temp(files.fd, [b"{}" * 120])  # a record's temporary file, before its rename
+    assert files.used() == 10_000
+    files.publish(name, "0" * 32, {"key": "k", "url": "u", "size": 10_000, "xxh3": "0"})
+    assert files.used() == 10_000  # the shard, not its record
+
+
 def test_two_downloads_never_count_the_same_free_bytes(remote, s3_options, tmp_path, monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 

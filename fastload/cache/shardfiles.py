@@ -8,7 +8,8 @@ Layout, every name one component below ``shards/``, opened without following a s
     <digest>.json     its record: key, size, xxh3-64 of the bytes; written after the data
     <digest>.lock     its flock: shared while a process reads it, exclusive to fill or evict
     budget.lock       held while space is made for a new shard
-    .fastload-tmp-*   a shard being downloaded (counted in the budget from its start)
+    .fastload-tmp-download-*  a shard being downloaded (counted in the budget from its start)
+    .fastload-tmp-*   a record being written (a few hundred bytes, not counted)
 
 Example::
 
@@ -54,6 +55,10 @@ _READ_CHUNK = 1 << 20
 and the hash (fresh 8 MiB reads cost 5-7x the CPU: 0.41-0.45 s against 0.06-0.08 s for
 21 shards of 16 MB from the page cache, measured on the 2-core test machine)."""
 RECORD_MAGIC = "fastload shard"
+DOWNLOAD_PREFIX = TEMP_PREFIX + "download-"
+"""A download in progress, counted in the budget; other temporary files (a record being
+written) are not: counted, a record's brief temporary file took a store filled to its budget
+233 bytes past it."""
 
 
 def file_checksum(fd: int, size: int) -> str:
@@ -130,7 +135,7 @@ class ShardFiles:
     def new_temp(self, size: int) -> tuple[str, int]:
         """A new temporary file of ``size`` bytes (sparse) for a download: its name and a
         read-write descriptor. It counts in :meth:`used` from now on."""
-        name = TEMP_PREFIX + secrets.token_hex(8)
+        name = DOWNLOAD_PREFIX + secrets.token_hex(8)
         fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o666, dir_fd=self.fd)
         try:
             os.ftruncate(fd, size)
@@ -178,12 +183,12 @@ class ShardFiles:
         it (its bytes were under neither name: the pass counts less than the disk holds)."""
         used, shards, whole = 0, [], True
         for name in listing(self.fd):
-            if not (name.endswith(".data") or name.startswith(TEMP_PREFIX)):
+            if not (name.endswith(".data") or name.startswith(DOWNLOAD_PREFIX)):
                 continue
             try:
                 st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
             except FileNotFoundError:
-                whole = whole and not name.startswith(TEMP_PREFIX)
+                whole = whole and not name.startswith(DOWNLOAD_PREFIX)
                 continue
             if not stat.S_ISREG(st.st_mode):
                 continue
