@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageFilter
 from torch.utils.data import Dataset, IterableDataset, Subset, TensorDataset
 
 import fastload
@@ -152,17 +152,23 @@ def settings(dataset, **kwargs):
 
 
 class Jpegs(Dataset):
-    """A user's own Pillow dataset: decode, crop, resize to 224, to a float tensor."""
+    """A user's own Pillow dataset: decode, crop, resize to 224, blur (a few ms of CPU: far
+    above what repays a worker on any machine), to a float tensor. Each file
+    counts ``repeats`` times, so that an epoch lasts far longer than workers take to start
+    whatever the machine's speed (a short one stays in-process, NOTE [workers from
+    measurements])."""
 
-    def __init__(self, root) -> None:
+    def __init__(self, root, repeats: int = 20) -> None:
         self.files = sorted(str(p) for p in root.rglob("*.jpg"))
+        self.repeats = repeats
 
     def __len__(self) -> int:
-        return len(self.files)
+        return len(self.files) * self.repeats
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        with Image.open(self.files[i]) as im:
+        with Image.open(self.files[i % len(self.files)]) as im:
             im = im.convert("RGB").crop((10, 10, 330, 330)).resize((224, 224), Image.BILINEAR)
+            im = im.filter(ImageFilter.GaussianBlur(4))
             return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).float().div(255)
 
 
