@@ -92,13 +92,18 @@ def ahead_in_order_within_budget(ds: Any, file_of: Callable[[np.ndarray], np.nda
     assert gets() == [1] * files
 
 
-def one_download_each(gets: list[int], store: Any, backend: str) -> None:
-    """``gets``, the GETs of each file at the server over a cold epoch: one download each
-    (files under 8 MiB: one range request), and one GET per sample the loader's process read
-    from the origin while its file downloaded (NOTE [reads around a download]). torch's
-    workers read none: each waits for the download of the loader's process (or its own)."""
+def one_download_each(ranges: list[list[str]], store: Any, backend: str) -> None:
+    """``ranges``, the Range header of each GET of each file at the server over a cold epoch.
+
+    Each file is downloaded once on the node: one GET from byte 0 (files under 8 MiB: one
+    range request). Every other GET is one sample's range (a sample's bytes never start at
+    byte 0: a tar member's header, Parquet's magic come first), read from the origin by a
+    process while it downloaded the file itself (NOTE [reads around a download]): with the
+    threads engine they are the store's ``around``; torch's workers count theirs in their own
+    stores (a worker reads a batch's row groups in threads), out of this process's sight."""
+    downloads = [sum(r.startswith("bytes=0-") for r in rs) for rs in ranges]
+    assert downloads == [1] * len(ranges), downloads
     if backend == "torch":
-        assert gets == [1] * len(gets)  # the workers share the node's copy
         return
-    assert min(gets) >= 1 and sum(gets) == len(gets) + store.around
-    assert store.downloads == store.requests == len(gets)
+    assert sum(len(rs) for rs in ranges) == len(ranges) + store.around
+    assert store.downloads == store.requests == len(ranges)
