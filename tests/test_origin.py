@@ -18,7 +18,7 @@ import fsspec.asyn
 import pytest
 
 from fastload.errors import StorageError
-from fastload.io.origin import aread_whole, read_local, read_whole
+from fastload.io.origin import aread_whole, read_local, read_local_range, read_whole
 from fastload.io.versions import local_version
 
 
@@ -135,3 +135,19 @@ def test_read_local_with_the_version_a_stat_gave(tmp_path):
     os.remove(path)
     with pytest.raises(FileNotFoundError):
         read_local(str(path), expect=stated)
+
+
+def test_read_local_range_reads_a_members_bytes_and_stops_at_the_end(tmp_path):
+    path = tmp_path / "shard.tar"
+    data = os.urandom(10_000)
+    path.write_bytes(data)
+    assert read_local_range(str(path), 512, 3000) == data[512:3512]
+    assert read_local_range(str(path), 9_000, 3000) == data[9_000:]  # cut at the end
+    assert read_local_range(str(path), 20_000, 10) == b""
+    assert read_local_range(str(path), 0, 0) == b""
+    with pytest.raises(FileNotFoundError):
+        read_local_range(str(tmp_path / "missing.tar"), 0, 10)
+    fifo = tmp_path / "fifo.tar"
+    os.mkfifo(fifo)
+    with pytest.raises(StorageError, match="fifo.tar is not a regular file"):
+        read_local_range(str(fifo), 0, 10)  # refused at once, never waiting for a writer

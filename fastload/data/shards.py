@@ -52,6 +52,7 @@ from fastload.data.tarfiles import expand_braces
 from fastload.data.transforms import CompiledTransform
 from fastload.errors import ConfigError, EmptyDatasetError
 from fastload.io.errors import storage_error
+from fastload.io.origin import read_local_range
 from fastload.io.versions import version_size
 
 __all__ = ["TarShards"]
@@ -195,7 +196,10 @@ class TarShards(ShardedImages):
 
     def _origin(self, index: int) -> bytes:
         shard, path, offset, length = self._where(index)
-        data = self.fs.cat_file(path, start=offset, end=offset + length)
+        if self.local:
+            data = read_local_range(path, offset, length)
+        else:
+            data = self.fs.cat_file(path, start=offset, end=offset + length)
         if len(data) != length:
             raise OSError(f"read {len(data)} of the member's {length} bytes at byte {offset} "
                           "(the shard changed since it was indexed?)")
