@@ -19,7 +19,7 @@ import pytest
 
 from fastload import TarShards
 from fastload.data.pack import pack
-from fastload.data.tarfiles import WALK_BLOCK, walk_members
+from fastload.data.tarfiles import WALK_BLOCK, walk_members, write_dali_index
 from fastload.io.ranges import READ_THROUGH, read_ranges
 
 pytestmark = pytest.mark.timeout(300)
@@ -143,7 +143,7 @@ def test_packed_shards_on_s3_index_from_their_labels_files(jpeg_root, s3_options
         assert s3_server.count("GET", path.removesuffix(".tar") + ".idx") == 1
         assert s3_server.count("GET", path.removesuffix(".tar") + ".labels") == 1
     head, *labels = text.splitlines()
-    assert head.startswith("fastload-labels v1 ")
+    assert head.startswith("fastload-labels v2 ")
     assert [int(x) for x in labels] == TarShards(local.urls[:1], size=32).targets.tolist()
 
 
@@ -167,7 +167,7 @@ def test_a_labels_file_that_does_not_match_its_shard_is_named_and_not_used(
              pack(str(jpeg_root), str(tmp_path / "packed"), shard_size=150_000).urls]
     labels = Path(paths[0]).with_suffix(".labels")
     head, *rows = labels.read_text().splitlines()
-    _, _, size, count = head.split()
+    _, _, size, count, _ = head.split()
     if damage == "other shard":  # labels of a shard since rewritten by another tool
         shifted = "".join(f"{(int(r) + 1) % 9}\n" for r in rows)
         text = f"fastload-labels v1 {int(size) + 512} {count}\n" + shifted
@@ -183,3 +183,52 @@ def test_a_labels_file_that_does_not_match_its_shard_is_named_and_not_used(
     for path in paths:
         Path(path).with_suffix(".labels").unlink()
     assert np.array_equal(ds.targets, TarShards(paths, size=32).targets)
+
+
+def test_a_shard_written_again_in_another_order_does_not_get_its_old_labels(
+        jpeg_root, tmp_path, caplog):
+    """NOTE [the labels file]: the same samples in another order keep the shard's size and
+    count; the stale labels file must not be served (every label would be wrong)."""
+    [url] = pack(str(jpeg_root), str(tmp_path / "packed"), shard_size=1e9).urls
+    path = Path(url.removeprefix("file://"))
+    labels_before = path.with_suffix(".labels").read_text()
+    with tarfile.open(path) as tar:  # another tool writes it again, samples reversed
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    keys = list(dict.fromkeys(m.name.split(".")[0] for m, _ in members))
+    again = io.BytesIO()
+    with tarfile.open(fileobj=again, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for key in reversed(keys):
+            for m, data in members:
+                if m.name.split(".")[0] == key:
+                    tar.addfile(m, io.BytesIO(data))
+    assert len(again.getvalue()) == path.stat().st_size  # the same size, the same count
+    path.write_bytes(again.getvalue())
+    with tarfile.open(path) as tar:  # and its index file anew, as wds2idx would
+        rows = [[(m.name.split(".", 1)[1], m.offset_data, m.size, m.name) for m in tar.getmembers()
+                 if m.name.split(".")[0] == key] for key in reversed(keys)]
+    path.with_suffix(".idx").write_text(write_dali_index(rows))
+    assert path.with_suffix(".labels").read_text() == labels_before  # left as it was
+    with caplog.at_level("WARNING", logger="fastload.data.shard_build"):
+        ds = TarShards([str(path)], size=32)
+    assert "written for another index file" in caplog.text and str(path.with_suffix(".labels")) in caplog.text
+    old = [int(x) for x in labels_before.splitlines()[1:]]
+    assert ds.targets.tolist() == old[::-1]  # the members' labels, in the new order
+    path.with_suffix(".labels").unlink()
+    assert np.array_equal(ds.targets, TarShards([str(path)], size=32).targets)
+
+
+def test_a_labels_file_of_the_first_version_is_still_read(jpeg_root, tmp_path, caplog):
+    paths = [u.removeprefix("file://") for u in
+             pack(str(jpeg_root), str(tmp_path / "packed"), shard_size=150_000).urls]
+    written = []
+    for path in paths:  # as fastload pack wrote them before v2: no digest of the index file
+        labels = Path(path).with_suffix(".labels")
+        head, *rows = labels.read_text().splitlines()
+        _, _, size, count, _ = head.split()
+        rows = [str(int(r) + 100) for r in rows]  # labels the members do not hold: seen if used
+        labels.write_text("\n".join([f"fastload-labels v1 {size} {count}", *rows]) + "\n")
+        written += [int(r) for r in rows]
+    with caplog.at_level("WARNING", logger="fastload.data.shard_build"):
+        ds = TarShards(paths, size=32)
+    assert "labels" not in caplog.text
+    assert ds.targets.tolist() == written  # read from the v1 files, not from the members

@@ -283,9 +283,10 @@ class _Destination:
                     self.fs.put_file(shard.path, path)
         finally:
             shard.discard()  # removes the spooled copy (a renamed file is not there any more)
-        _write(self.fs, index_url_of(path), write_dali_index(rows).encode())
+        index_text = write_dali_index(rows)
+        _write(self.fs, index_url_of(path), index_text.encode())
         labels = [self.label_of(i) for i in range(first, first + len(rows))]
-        _write(self.fs, labels_url_of(path), write_labels(size, labels).encode())
+        _write(self.fs, labels_url_of(path), write_labels(size, labels, index_text).encode())
         entry = {"url": name, "nsamples": len(rows), "bytes": size,
                  "start": first, "stop": first + len(rows)}
         self.shards.append(entry)

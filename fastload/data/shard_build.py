@@ -102,7 +102,7 @@ def _from_index_file(fs: Any, path: str, text: str, url: str, size: int) -> Shar
     named = [[(name or f"{i:09d}.{ext}", off, length) for ext, off, length, name in sample]
              for i, sample in enumerate(samples)]
     members = [m for sample in named for m in sample]
-    given = _labels_beside(fs, path, url, size, len(samples))
+    given = _labels_beside(fs, path, url, size, len(samples), text)
     if given is not None:  # NOTE [the labels file]
         return group_rows(members, {n: str(label).encode() for sample, label in zip(named, given)
                                     for n, _, _ in sample if _is_label(n)})
@@ -111,14 +111,17 @@ def _from_index_file(fs: Any, path: str, text: str, url: str, size: int) -> Shar
     return group_rows(members, {n: d for (n, _, _), d in zip(wanted, data)})
 
 
-def _labels_beside(fs: Any, path: str, url: str, size: int, samples: int) -> list[int] | None:
-    """The labels in the shard's labels file, if it has one that matches it."""
+def _labels_beside(fs: Any, path: str, url: str, size: int, samples: int,
+                   index_text: str) -> list[int] | None:
+    """The labels in the shard's labels file, if it has one that matches it and its index
+    file ``index_text``."""
     try:
         text = fs.cat_file(labels_url_of(path)).decode("utf-8", "replace")
     except FileNotFoundError:
         return None
     try:
-        return parse_labels(text, shard_bytes=size, samples=samples, where=labels_url_of(url))
+        return parse_labels(text, shard_bytes=size, samples=samples, index_text=index_text,
+                            where=labels_url_of(url))
     except ValueError as exc:
         logger.warning("%s; the labels are read from the shard instead (pack the shards "
                        "again, or delete the labels file, to stop this warning)", exc)
