@@ -47,10 +47,6 @@ def file_gets(server, urls: list[str]) -> list[int]:
     return [server.count("GET", u.removeprefix("s3://")) for u in urls]
 
 
-def file_ranges(server, urls: list[str]) -> list[list[str]]:
-    return [server.get_ranges(u.removeprefix("s3://")) for u in urls]
-
-
 def remote_ds(urls, s3_options, cache, **kw) -> ParquetImages:
     return ParquetImages(urls, size=32, train=True, seed=5, cache=cache,
                          storage_options=s3_options, **kw)
@@ -76,7 +72,7 @@ def test_a_cold_epoch_downloads_each_file_once_and_equals_the_local_run(
     assert ds.shard_store is not None
     s3_server.reset_counts()  # after the index (footers and label chunks)
     cold = batches(ds, backend)
-    one_download_each(file_ranges(s3_server, remote), ds.shard_store, backend)
+    one_download_each(s3_server, remote, ds.shard_store, backend)
     local = ParquetImages(local_files, size=32, train=True, seed=5)
     assert same(cold, batches(local, backend))
     s3_server.reset_counts()

@@ -53,10 +53,6 @@ def shard_gets(server, urls: list[str]) -> list[int]:
     return [server.count("GET", p) for p in _paths(urls)]
 
 
-def shard_ranges(server, urls: list[str]) -> list[list[str]]:
-    return [server.get_ranges(p) for p in _paths(urls)]
-
-
 def batches(ds: TarShards, backend: str, **kw) -> list[tuple[torch.Tensor, torch.Tensor]]:
     workers = 2 if backend == "torch" else 0
     loader = DataLoader(ds, batch_size=8, shuffle=True, backend=backend, num_workers=workers, **kw)
@@ -83,7 +79,7 @@ def test_a_cold_epoch_reads_each_shard_whole_once_and_equals_the_local_run(
     assert ds.shard_store is not None
     s3_server.reset_counts()
     cold = batches(ds, "threads")
-    one_download_each(shard_ranges(s3_server, remote), ds.shard_store, "threads")
+    one_download_each(s3_server, remote, ds.shard_store, "threads")
     assert same(cold, batches(local_ds(local_shards), "threads"))
     s3_server.reset_counts()
     assert same(batches(ds, "threads"), cold)  # warm: no request at all
@@ -100,7 +96,7 @@ def test_every_engine_is_served_from_the_local_shards(
     ds = remote_ds(remote, s3_options, {"disk": str(tmp_path / "cache")})
     s3_server.reset_counts()
     got = batches(ds, backend)
-    one_download_each(shard_ranges(s3_server, remote), ds.shard_store, backend)
+    one_download_each(s3_server, remote, ds.shard_store, backend)
     assert same(got, batches(local_ds(local_shards), backend))
 
 

@@ -289,8 +289,8 @@ def read_local_range(path: str, offset: int, length: int) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO named like a shard never waits
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise StorageError(f"{path} is not a regular file (a FIFO, socket or device): a "
-                               "shard must be a file")
+            raise StorageError(f"{path} is not a regular file (a FIFO, socket or device): "
+                               "list only shard files in the dataset")
         parts = []
         while length > 0:  # one pread unless the range is over Linux's 2 GiB a call
             part = os.pread(fd, length, offset)
@@ -298,7 +298,7 @@ def read_local_range(path: str, offset: int, length: int) -> bytes:
                 break
             parts.append(part)
             offset, length = offset + len(part), length - len(part)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return b"".join(parts)  # one part: that very bytes object, not a copy
     finally:
         os.close(fd)
 

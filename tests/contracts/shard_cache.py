@@ -92,8 +92,8 @@ def ahead_in_order_within_budget(ds: Any, file_of: Callable[[np.ndarray], np.nda
     assert gets() == [1] * files
 
 
-def one_download_each(ranges: list[list[str]], store: Any, backend: str) -> None:
-    """``ranges``, the Range header of each GET of each file at the server over a cold epoch.
+def one_download_each(server: Any, urls: list[str], store: Any, backend: str) -> None:
+    """The GETs ``server`` (the S3 fixture) saw of each of ``urls`` over a cold epoch.
 
     Each file is downloaded once on the node: one GET from byte 0 (files under 8 MiB: one
     range request). Every other GET is one sample's range (a sample's bytes never start at
@@ -101,6 +101,7 @@ def one_download_each(ranges: list[list[str]], store: Any, backend: str) -> None
     process while it downloaded the file itself (NOTE [reads around a download]): with the
     threads engine they are the store's ``around``; torch's workers count theirs in their own
     stores (a worker reads a batch's row groups in threads), out of this process's sight."""
+    ranges = [server.get_ranges(u.removeprefix("s3://")) for u in urls]
     downloads = [sum(r.startswith("bytes=0-") for r in rs) for rs in ranges]
     assert downloads == [1] * len(ranges), downloads
     if backend == "torch":
