@@ -3,7 +3,8 @@ one file merged across small gaps on a remote store and read exactly on a local 
 tar header walk reading through small samples but not large ones, and TarShards indexing
 shards written by ``fastload pack`` on moto's S3 server from their labels files (NOTE [the
 labels file]), or with one merged label read a shard without them, and never trusting a
-labels file that does not match its shard."""
+labels file or an index file that does not match its shard (NOTE [an index file that is not
+the shard's])."""
 
 from __future__ import annotations
 
@@ -139,7 +140,9 @@ def test_packed_shards_on_s3_index_from_their_labels_files(jpeg_root, s3_options
                 TarShards(local.urls, size=32))
     for url in remote.urls:
         path = url.removeprefix("s3://")
-        assert s3_server.count("GET", path) == 0  # no byte of the shard itself
+        # one read of the shard: its first and last members' headers, merged (NOTE [an index
+        # file that is not the shard's]); not its labels, not its images
+        assert s3_server.count("GET", path) == 1
         assert s3_server.count("GET", path.removesuffix(".tar") + ".idx") == 1
         assert s3_server.count("GET", path.removesuffix(".tar") + ".labels") == 1
     head, *labels = text.splitlines()
@@ -157,7 +160,8 @@ def test_without_labels_files_the_labels_are_one_merged_read_a_shard(jpeg_root, 
                 TarShards(local.urls, size=32))
     for url in remote.urls:
         path = url.removeprefix("s3://")
-        assert s3_server.count("GET", path) == 1  # its labels: one merged read, not one each
+        # its labels and the two headers checked: one merged read, not one each
+        assert s3_server.count("GET", path) == 1
 
 
 @pytest.mark.parametrize("damage", ["other shard", "cut short", "not labels"])
@@ -185,14 +189,10 @@ def test_a_labels_file_that_does_not_match_its_shard_is_named_and_not_used(
     assert np.array_equal(ds.targets, TarShards(paths, size=32).targets)
 
 
-def test_a_shard_written_again_in_another_order_does_not_get_its_old_labels(
-        jpeg_root, tmp_path, caplog):
-    """NOTE [the labels file]: the same samples in another order keep the shard's size and
-    count; the stale labels file must not be served (every label would be wrong)."""
-    [url] = pack(str(jpeg_root), str(tmp_path / "packed"), shard_size=1e9).urls
-    path = Path(url.removeprefix("file://"))
-    labels_before = path.with_suffix(".labels").read_text()
-    with tarfile.open(path) as tar:  # another tool writes it again, samples reversed
+def _reversed(path: Path) -> list[list[tuple[str, int, int, str]]]:
+    """Write the shard at ``path`` again with its samples in reverse order (as another tool
+    might: the same size); the rows of its new index."""
+    with tarfile.open(path) as tar:
         members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
     keys = list(dict.fromkeys(m.name.split(".")[0] for m, _ in members))
     again = io.BytesIO()
@@ -203,9 +203,20 @@ def test_a_shard_written_again_in_another_order_does_not_get_its_old_labels(
                     tar.addfile(m, io.BytesIO(data))
     assert len(again.getvalue()) == path.stat().st_size  # the same size, the same count
     path.write_bytes(again.getvalue())
-    with tarfile.open(path) as tar:  # and its index file anew, as wds2idx would
-        rows = [[(m.name.split(".", 1)[1], m.offset_data, m.size, m.name) for m in tar.getmembers()
-                 if m.name.split(".")[0] == key] for key in reversed(keys)]
+    with tarfile.open(path) as tar:
+        return [[(m.name.split(".", 1)[1], m.offset_data, m.size, m.name)
+                 for m in tar.getmembers() if m.name.split(".")[0] == key]
+                for key in reversed(keys)]
+
+
+def test_a_shard_written_again_in_another_order_does_not_get_its_old_labels(
+        jpeg_root, tmp_path, caplog):
+    """NOTE [the labels file]: the same samples in another order keep the shard's size and
+    count; the stale labels file must not be served (every label would be wrong)."""
+    [url] = pack(str(jpeg_root), str(tmp_path / "packed"), shard_size=1e9).urls
+    path = Path(url.removeprefix("file://"))
+    labels_before = path.with_suffix(".labels").read_text()
+    rows = _reversed(path)  # another tool writes it again, samples reversed, and its index
     path.with_suffix(".idx").write_text(write_dali_index(rows))
     assert path.with_suffix(".labels").read_text() == labels_before  # left as it was
     with caplog.at_level("WARNING", logger="fastload.data.shard_build"):
@@ -214,6 +225,46 @@ def test_a_shard_written_again_in_another_order_does_not_get_its_old_labels(
     old = [int(x) for x in labels_before.splitlines()[1:]]
     assert ds.targets.tolist() == old[::-1]  # the members' labels, in the new order
     path.with_suffix(".labels").unlink()
+    assert np.array_equal(ds.targets, TarShards([str(path)], size=32).targets)
+
+
+def _members_by_key(path: Path) -> dict[str, tuple[bytes, int]]:
+    with tarfile.open(path) as tar:
+        files = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    return {name.split(".")[0]: (data, int(files[name.split(".")[0] + ".cls"]))
+            for name, data in files.items() if name.endswith(".jpg")}
+
+
+@pytest.mark.parametrize("change", ["reordered", "fewer samples", "v1.1 index, reordered"])
+def test_an_index_file_left_beside_a_shard_written_again_is_named_and_not_used(
+        change, jpeg_root, tmp_path, caplog):
+    """NOTE [an index file that is not the shard's]: every sample must still be its own bytes
+    with its own label."""
+    [url] = pack(str(jpeg_root), str(tmp_path / "packed"), shard_size=1e9).urls
+    path = Path(url.removeprefix("file://"))
+    path.with_suffix(".labels").unlink()
+    index = path.with_suffix(".idx")
+    if change == "fewer samples":
+        with tarfile.open(path) as tar:
+            members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()][:-10]
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for m, data in members:
+                tar.addfile(m, io.BytesIO(data))
+    else:
+        _reversed(path)
+    if change.startswith("v1.1"):  # no names: only the headers' sizes can differ
+        head, *lines = index.read_text().splitlines()
+        v11 = [" ".join(f for i, f in enumerate(line.split()) if i % 4 != 3) for line in lines]
+        index.write_text("\n".join([head.replace("v1.2", "v1.1"), *v11]) + "\n")
+    with caplog.at_level("WARNING", logger="fastload.data.shard_build"):
+        ds = TarShards([str(path)], size=32)
+    assert f"{index} does not describe {path}" in caplog.text
+    truth = _members_by_key(path)
+    assert len(ds) == len(truth)
+    for i in range(len(ds)):
+        data, label = truth[ds.index.key(i)]
+        assert ds.read_bytes(i) == data and ds.targets[i] == label
+    index.unlink()
     assert np.array_equal(ds.targets, TarShards([str(path)], size=32).targets)
 
 

@@ -8,6 +8,15 @@ headers (NOTE [the shard index] in :mod:`.shard_index`). The built index is stor
 cache's shared tiers under a key of the shard URLs and options, and reused for
 ``listing_max_age`` seconds (as a folder's listing, NOTE [the stored listing]).
 
+NOTE [an index file that is not the shard's]
+An index file is trusted for where members are, so one left beside a shard written again
+(another order, other samples) would send every read to the wrong bytes: wrong images, or
+labels that silently belong to other samples. Before it is used, every member it lists must
+lie inside the shard and the 512 bytes before its first and last members must be their tar
+headers, with the sizes (and, in v1.2, the names) the index gives: one more range read per
+shard, merged with the label members' when those are read. An index that fails is named in a
+warning and the shard is indexed from its headers, as if it had none.
+
 Example::
 
     >>> index = shard_index(fs, urls, paths, cache=None, storage_options={}, max_age=3600)
@@ -32,7 +41,14 @@ from fastload.data.shard_index import (
     parse_label,
 )
 from fastload.data.shard_labels import labels_url_of, parse_labels
-from fastload.data.tarfiles import index_url_of, parse_dali_index, split_key, walk_members
+from fastload.data.tarfiles import (
+    BLOCK,
+    index_url_of,
+    member_header,
+    parse_dali_index,
+    split_key,
+    walk_members,
+)
 from fastload.errors import DatasetError
 from fastload.io.errors import storage_error
 from fastload.io.ranges import read_ranges, read_through
@@ -96,19 +112,50 @@ def _from_headers(fs: Any, path: str, size: int, url: str) -> ShardRows:
     return group_rows(members, labels)
 
 
-def _from_index_file(fs: Any, path: str, text: str, url: str, size: int) -> ShardRows:
+def _from_index_file(fs: Any, path: str, text: str, url: str, size: int) -> ShardRows | None:
+    """The shard's rows from its index file ``text``; None (and a warning) when the index does
+    not describe the shard (NOTE [an index file that is not the shard's])."""
     samples = parse_dali_index(text, index_url_of(url))
     # v1.1 lists no names: a sample's key is then its position
     named = [[(name or f"{i:09d}.{ext}", off, length) for ext, off, length, name in sample]
              for i, sample in enumerate(samples)]
     members = [m for sample in named for m in sample]
     given = _labels_beside(fs, path, url, size, len(samples), text)
+    wanted = [] if given is not None else [(n, o, s) for n, o, s in members if _is_label(n)]
+    probes = members[:1] + members[-1:] if len(members) > 1 else members
+    differs = next((f"member {n!r} at byte {o} is not within the shard's {size} bytes"
+                    for n, o, s in members if o < BLOCK or o + s > size), None)
+    if differs is None:
+        data = read_ranges(fs, path, [(o - BLOCK, BLOCK) for _, o, _ in probes]
+                           + [(o, s) for _, o, s in wanted])
+        names_given = bool(samples) and bool(samples[0][0][3])
+        differs = _probe_mismatch(probes, data[:len(probes)], names_given)
+    if differs is not None:
+        logger.warning("%s does not describe %s (%s): was the shard written again without its "
+                       "index? It is indexed from its own headers instead; write the index again "
+                       "(fastload pack, or DALI's wds2idx) or delete it to stop this warning",
+                       index_url_of(url), url, differs)
+        return None
     if given is not None:  # NOTE [the labels file]
         return group_rows(members, {n: str(label).encode() for sample, label in zip(named, given)
                                     for n, _, _ in sample if _is_label(n)})
-    wanted = [(n, o, s) for n, o, s in members if _is_label(n)]
-    data = read_ranges(fs, path, [(o, s) for _, o, s in wanted])
-    return group_rows(members, {n: d for (n, _, _), d in zip(wanted, data)})
+    return group_rows(members, {n: d for (n, _, _), d in zip(wanted, data[len(probes):])})
+
+
+def _probe_mismatch(probes: Sequence[tuple[str, int, int]], blocks: Sequence[bytes],
+                    names_given: bool) -> str | None:
+    """What differs between index members ``(name, offset, size)`` and the 512 bytes before
+    each (the member's own tar header); None when nothing does."""
+    for (name, offset, size), block in zip(probes, blocks):
+        header = member_header(block)
+        if header is None:
+            return f"no tar header before member {name!r} at byte {offset}"
+        found, found_size = header
+        long_name = len(name.encode("utf-8", "surrogateescape")) > 100  # the header has a part
+        if found_size != size or (names_given and not long_name and found != name):
+            return (f"the header before byte {offset} is {found!r} of {found_size} bytes, "
+                    f"the index says {name!r} of {size}")
+    return None
 
 
 def _labels_beside(fs: Any, path: str, url: str, size: int, samples: int,
@@ -133,9 +180,8 @@ def _one_shard(fs: Any, url: str, path: str) -> tuple[str, ShardRows]:
         info = fs.info(path)
         idx_path = index_url_of(path)
         text = fs.cat_file(idx_path).decode() if fs.exists(idx_path) else None
-        if text is not None:
-            rows = _from_index_file(fs, path, text, url, int(info["size"]))
-        else:
+        rows = None if text is None else _from_index_file(fs, path, text, url, int(info["size"]))
+        if rows is None:
             rows = _from_headers(fs, path, int(info["size"]), url)
     except DatasetError:
         raise

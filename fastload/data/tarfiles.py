@@ -24,11 +24,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 __all__ = [
+    "BLOCK",
     "DALI_INDEX_VERSION",
     "Member",
     "WALK_BLOCK",
     "expand_braces",
     "index_url_of",
+    "member_header",
     "parse_dali_index",
     "split_key",
     "walk_members",
@@ -36,10 +38,12 @@ __all__ = [
 ]
 
 BLOCK = 512
+"""Bytes of a tar header (and the unit members are padded to)."""
 WALK_BLOCK = 64 * 1024
 """Bytes of one range read while walking headers: a header, and small members after it."""
 
 DALI_INDEX_VERSION = "v1.2"
+_REGULAR = (b"0", b"\0", b"7")  # type flags of a regular file's header
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
@@ -118,6 +122,25 @@ def _pax_path(data: bytes) -> str | None:
     return None
 
 
+def _checksum_ok(header: bytes) -> bool:
+    return _number(header[148:156]) == sum(header[:148]) + 256 + sum(header[156:])
+
+
+def _header_name(header: bytes) -> str:
+    """A header's own name (ustar's prefix joined); a long name's first part only."""
+    prefix = _text(header[345:500]) if header[257:262] == b"ustar" else ""
+    return f"{prefix}/{_text(header[:100])}" if prefix else _text(header[:100])
+
+
+def member_header(block: bytes) -> tuple[str, int] | None:
+    """``(name, size)`` of the regular file whose header ``block`` (512 bytes) is, or None for
+    a block that is not such a header. The name is the header's own: for a member with a long
+    name (GNU or pax) only its first part."""
+    if len(block) != BLOCK or not _checksum_ok(block) or block[156:157] not in _REGULAR:
+        return None
+    return _header_name(block), _number(block[124:136])
+
+
 class _Blocks:
     """Range reads of a shard: :data:`WALK_BLOCK` bytes at a time, or ``through`` bytes
     while the headers lie dense enough that such a read holds four or more of them."""
@@ -160,8 +183,7 @@ def walk_members(
         header = blocks.get(pos, BLOCK)
         if len(header) < BLOCK or header == bytes(BLOCK):
             return  # the end-of-archive blocks
-        stored = _number(header[148:156])
-        if stored != sum(header[:148]) + 256 + sum(header[156:]):
+        if not _checksum_ok(header):
             raise ValueError(f"{where}: the block at byte {pos} is not a tar header (checksum)")
         length, kind = _number(header[124:136]), header[156:157]
         data_at = pos + BLOCK
@@ -171,11 +193,8 @@ def walk_members(
         if kind in (b"L", b"x"):
             data = blocks.get(data_at, length)
             long_name = _text(data) if kind == b"L" else (_pax_path(data) or long_name)
-        elif kind in (b"0", b"\0", b"7"):
-            name = long_name
-            if name is None:
-                prefix = _text(header[345:500]) if header[257:262] == b"ustar" else ""
-                name = f"{prefix}/{_text(header[:100])}" if prefix else _text(header[:100])
+        elif kind in _REGULAR:
+            name = _header_name(header) if long_name is None else long_name
             data = blocks.get(data_at, length) if keep(name) else None
             blocks.headers += 1
             yield Member(name, data_at, length, data)
