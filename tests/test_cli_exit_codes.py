@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import fastload
+from fastload.io.origin import READ_DEADLINE_S
 from fastload.cache import DiskTier
 from tests.cache_damage import damage
 from tests.fixtures.s3 import DUMMY_ENV
@@ -50,7 +51,9 @@ def test_version_and_help_exit_0():
     for args in (["--help"], ["cache", "--help"], ["cache", "warm", "--help"]):
         shown = _run(*args)
         assert shown.returncode == 0 and "Usage:" in shown.stdout, args
-    assert "--max-failures" in _run("cache", "warm", "--help").stdout
+    warm_help = _run("cache", "warm", "--help").stdout
+    assert "--max-failures" in warm_help
+    assert f"[default: {READ_DEADLINE_S:g}]" in " ".join(warm_help.split())  # the library's
     module = _module("--version")
     assert module.returncode == 0 and fastload.__version__ in module.stdout
 
@@ -93,6 +96,8 @@ def test_bad_usage_and_bad_input_exit_2(tmp_path):
         "an unknown command": (["cahce"], "No such command"),
         "a bad --jobs": (["cache", "warm", str(data), "--cache", str(tmp_path / "c"),
                           "--jobs", "0"], "--jobs"),
+        "a bad --read-timeout": (["cache", "warm", str(data), "--cache", str(tmp_path / "c"),
+                                  "--read-timeout", "0"], "--read-timeout"),
     }
     for case, (args, said) in cases.items():
         run = _run(*args)

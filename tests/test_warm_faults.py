@@ -129,11 +129,13 @@ class FaultedWarm:
             self.proc.communicate()
 
 
-def _fault_mid_warm(moto: MotoProcess, tmp_path: Path, jobs: int, sig: int) -> FaultedWarm:
-    """Start a warm, send ``sig`` to the server once 30 objects are cached."""
+def _fault_mid_warm(moto: MotoProcess, tmp_path: Path, jobs: int, sig: int,
+                    options: tuple[str, ...] = ()) -> FaultedWarm:
+    """Start a warm (with more command-line ``options``), send ``sig`` to the server once 30
+    objects are cached."""
     url = _upload(moto, f"faults-{jobs}-{int(sig)}")
     cache = tmp_path / "cache"
-    warm = subprocess.Popen(_warm_cmd(url, cache, moto, jobs), stdout=subprocess.PIPE,
+    warm = subprocess.Popen([*_warm_cmd(url, cache, moto, jobs), *options], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, **DUMMY_ENV})
     try:
         while _entries(cache) < 30:
@@ -164,22 +166,25 @@ def test_warm_gives_up_when_the_server_is_killed(moto, tmp_path, jobs):
 
 @pytest.mark.timeout(250)
 def test_warm_gives_up_on_a_stalled_server_and_a_rerun_resumes(tmp_path):
-    # A stall is found only by the read deadline (READ_DEADLINE_S), so each warm waits it out
-    # in full: the warms with 2 and 16 jobs, each against its own stalled server, wait together.
+    # A stall is found only by the read deadline (--read-timeout, READ_DEADLINE_S by default),
+    # so each warm waits it out in full: the warms with 2 and 16 jobs, each against its own
+    # stalled server, wait together, 10 s rather than the default 30; two reads failing in a
+    # row are enough to give up (the 2-job warm has no more in flight).
     with _moto_process() as moto2, _moto_process() as moto16:
         servers = {2: moto2, 16: moto16}
         warms: list[FaultedWarm] = []
         try:
             for jobs, moto in servers.items():
                 (tmp_path / f"jobs{jobs}").mkdir()
-                warms.append(_fault_mid_warm(moto, tmp_path / f"jobs{jobs}", jobs, signal.SIGSTOP))
+                warms.append(_fault_mid_warm(moto, tmp_path / f"jobs{jobs}", jobs, signal.SIGSTOP,
+                                             ("--read-timeout", "10", "--max-failures", "2")))
             outcomes = [warm.outcome() for warm in warms]
         finally:
             for warm in warms:
                 warm.stop()
         for warm, (code, out, err) in zip(warms, outcomes):
             _assert_gave_up(warm.url, code, out, err)
-            assert "no complete answer within" in err  # the read deadline, not a hang
+            assert "no complete answer within 10 s" in err  # the read deadline, not a hang
 
         for warm in warms:
             moto = servers[warm.jobs]

@@ -39,7 +39,7 @@ from fastload.errors import (
     OriginUnavailableError,
 )
 from fastload.io.fetch import default_jobs
-from fastload.io.origin import is_unavailable
+from fastload.io.origin import READ_DEADLINE_S, is_unavailable
 from fastload.io.storage import Storage
 
 if TYPE_CHECKING:
@@ -59,6 +59,7 @@ def warm(
     on_start: Callable[[int, int], None] | None = None,
     on_file: Callable[[str, int, str], None] | None = None,
     derive: Derivation | None = None,
+    read_timeout: float = READ_DEADLINE_S,
 ) -> WarmReport:
     """Fetch every object below ``url`` (this shard of them) into the cache's shared tiers.
 
@@ -81,6 +82,9 @@ def warm(
         derive: cache this derivation of each object instead of its bytes (the entries a
             cache with ``transcode`` reads); an object it rejects (a corrupt image) is
             reported as failed and nothing is stored for it.
+        read_timeout: seconds one object's read may take, from request to its last byte,
+            before it fails (and is retried, boundedly): a store that stops answering is
+            found only by this deadline.
 
     Raises:
         OriginUnavailableError: the origin cannot be listed or the breaker tripped; it
@@ -100,6 +104,8 @@ def warm(
         raise ConfigError(f"jobs must be at least 1, got {jobs}")
     if max_failures < 1:
         raise ConfigError(f"max_failures must be at least 1, got {max_failures}")
+    if not read_timeout > 0:
+        raise ConfigError(f"read_timeout must be a positive number of seconds, got {read_timeout}")
     if derive is not None:
         store = store.deriving(derive)
     elif store.config.transcode is not None and store.derive is None:
@@ -112,7 +118,8 @@ def warm(
         )
     try:
         breaker = Breaker(max_failures, give_up_after)
-        return _warm(url, store, jobs, shard, storage_options, breaker, on_start, on_file)
+        return _warm(url, store, jobs, shard, storage_options, breaker, on_start, on_file,
+                     read_timeout)
     finally:
         store.close()
 
@@ -126,6 +133,7 @@ def _warm(
     breaker: Breaker,
     on_start: Callable[[int, int], None] | None,
     on_file: Callable[[str, int, str], None] | None,
+    read_timeout: float,
 ) -> WarmReport:
     index, count = shard
     storage = Storage(url, storage_options)
@@ -168,7 +176,8 @@ def _warm(
 
     if jobs is None:
         jobs = default_jobs(storage.fs)
-    fill_shared(store, storage.fs, iter(mine), jobs=jobs, breaker=breaker, finished=finished)
+    fill_shared(store, storage.fs, iter(mine), jobs=jobs, breaker=breaker, finished=finished,
+                deadline=read_timeout)
     report.failed.sort()
     if breaker.tripped:
         assert last is not None

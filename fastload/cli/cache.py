@@ -75,6 +75,11 @@ def cache() -> None:
 @click.option("--max-failures", default=MAX_FAILURES, show_default=True, type=click.IntRange(1),
               help="Give up after this many objects in a row failed (the store looks down); "
                    "run the same command again to resume.")
+@click.option("--read-timeout", default=None, type=click.FloatRange(min=0, min_open=True),
+              metavar="SECONDS",
+              help="Fail one object's read after this many seconds without its last byte (it "
+                   "is retried, then counts toward --max-failures); a store that stops "
+                   "answering is found only this way. [default: 30]")
 @click.option("-o", "--storage-option", "options", multiple=True, metavar="KEY=VALUE",
               help="An fsspec storage option (JSON values allowed), e.g. -o endpoint_url=http://...")
 @click.option("--transcode", "max_side", default=None, type=int, metavar="MAX_SIDE",
@@ -85,8 +90,9 @@ def cache() -> None:
               help="JPEG quality of --transcode, 1..95 [default: 90].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def warm_command(url: str, directory: str, jobs: int | None, shard: str, disk_size: str | None,
-                 policy: str, redis: str | None, max_failures: int, options: tuple[str, ...],
-                 max_side: int | None, quality: int | None, as_json: bool) -> None:
+                 policy: str, redis: str | None, max_failures: int, read_timeout: float | None,
+                 options: tuple[str, ...], max_side: int | None, quality: int | None,
+                 as_json: bool) -> None:
     """Fetch every object below URL into the cache; resumable, exits 1 if any failed.
 
     Ctrl-C or SIGTERM (a scheduler's stop) ends it saying how many files are cached and
@@ -112,6 +118,7 @@ def warm_command(url: str, directory: str, jobs: int | None, shard: str, disk_si
     # Imported here: the warm's storage and fetch layers (fsspec, asyncio) only for `warm`.
     from fastload.cache.warm import warm
 
+    deadline = {} if read_timeout is None else {"read_timeout": read_timeout}
     console = Console(stderr=True)
     progress = _RichProgress(console) if console.is_terminal else _PlainProgress()
     with stop_on_signals() as stop:  # NOTE [stop signals]: SIGTERM ends it as Ctrl-C does
@@ -119,7 +126,7 @@ def warm_command(url: str, directory: str, jobs: int | None, shard: str, disk_si
             with progress:
                 report = warm(url, config, jobs=jobs, shard=shard_of, max_failures=max_failures,
                               storage_options=storage_options(options), on_start=progress.start,
-                              on_file=progress.file, derive=derive)
+                              on_file=progress.file, derive=derive, **deadline)
         except OriginUnavailableError as exc:
             if as_json and isinstance(exc.report, WarmReport):
                 click.echo(json.dumps(_warm_json(exc.report, gave_up=str(exc)), indent=2))

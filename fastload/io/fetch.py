@@ -30,6 +30,7 @@ import collections
 import logging
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -271,8 +272,9 @@ class ThreadFetcher(Fetcher):
     def close(self) -> None:
         for _ in self._threads:
             self._work.put(None)
+        end = time.monotonic() + CLOSE_WAIT_S  # one wait for them all, not one each
         for thread in self._threads:
-            thread.join(CLOSE_WAIT_S)
+            thread.join(max(0.0, end - time.monotonic()))
         self._threads = [t for t in self._threads if t.is_alive()]
         if self._threads:
             logger.warning("%d reader threads of %s are still reading", len(self._threads), self.fs)
