@@ -82,9 +82,9 @@ def warm(
         derive: cache this derivation of each object instead of its bytes (the entries a
             cache with ``transcode`` reads); an object it rejects (a corrupt image) is
             reported as failed and nothing is stored for it.
-        read_timeout: seconds one object's read may take, from request to its last byte,
-            before it fails (and is retried, boundedly): a store that stops answering is
-            found only by this deadline.
+        read_timeout: on an async store (s3fs, gcsfs, HTTP), seconds one object's read
+            may take, retries included, before it fails: a store that stops answering is
+            found only by this deadline. Other stores keep their client's own timeouts.
 
     Raises:
         OriginUnavailableError: the origin cannot be listed or the breaker tripped; it

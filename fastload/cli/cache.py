@@ -77,9 +77,10 @@ def cache() -> None:
                    "run the same command again to resume.")
 @click.option("--read-timeout", default=None, type=click.FloatRange(min=0, min_open=True),
               metavar="SECONDS",
-              help="Fail one object's read after this many seconds without its last byte (it "
-                   "is retried, then counts toward --max-failures); a store that stops "
-                   "answering is found only this way. [default: 30]")
+              help="On an async store (s3://, gs://, http(s)://...), fail one object's read "
+                   "after this many seconds without its last byte, retries included (it counts "
+                   "toward --max-failures); a store that stops answering is found only this "
+                   "way. Other stores keep their client's timeouts. [default: 30]")
 @click.option("-o", "--storage-option", "options", multiple=True, metavar="KEY=VALUE",
               help="An fsspec storage option (JSON values allowed), e.g. -o endpoint_url=http://...")
 @click.option("--transcode", "max_side", default=None, type=int, metavar="MAX_SIDE",
