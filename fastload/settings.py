@@ -53,10 +53,9 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 import torch
-from torch.utils.data import ChainDataset, ConcatDataset, Dataset, IterableDataset, Subset
+from torch.utils.data import Dataset, IterableDataset
 
 from fastload.errors import ConfigError
-from fastload.io.wds import PIPELINE_STATE, pipeline_workers
 
 # Re-exported: `fastload.settings.Machine` (and the two probes) keep working.
 from fastload.machine import Machine, local_world_size, usable_cpu_cores  # noqa: F401
@@ -67,15 +66,18 @@ from fastload.tuning import (
     retune_workers,
     start_method,
 )
+from fastload.tuning.safety import (  # noqa: F401 - re-exported: fastload.settings.worker_safety
+    WORKER_SAFE_ATTR,
+    WorkerSafety,
+    warn_undeclared,
+    worker_safety,
+)
 from fastload.tuning.workers import MIN_SAMPLE_S, available_memory
 
 logger = logging.getLogger(__name__)
 
 AUTO: Literal["auto"] = "auto"
 """The default of every tunable loader argument: let fastload choose and explain why."""
-
-WORKER_SAFE_ATTR = "fastload_worker_safe"
-"""Class attribute by which a dataset declares that worker processes cannot change its samples."""
 
 WORKERS_PER_GPU = 8
 """Upper end of the common 4-8 workers per GPU rule; beyond it returns diminish."""
@@ -140,68 +142,6 @@ class LoaderSettings:
         if self.engine is not None:
             rows.append(f"engine: {self.engine}")
         return "\n".join(rows)
-
-
-@dataclass(frozen=True)
-class WorkerSafety:
-    """Whether worker processes provably cannot change a dataset's samples (``safe``), why,
-    and whether that is known (``known=False``: fastload cannot tell, and warns once)."""
-
-    safe: bool
-    reason: str
-    known: bool = True
-    keeps_state: str | None = None
-    """Why persistent workers could change its samples although workers cannot (None: they
-    cannot): a webdataset pipeline's stages carry state from one epoch to the next."""
-
-
-def worker_safety(dataset: Dataset) -> WorkerSafety:
-    """Decide NOTE [auto never changes the batches] for one dataset."""
-    try:
-        declared = getattr(dataset, WORKER_SAFE_ATTR, None)
-    except Exception:  # noqa: BLE001 - a __getattr__ that raises for any name: nothing declared
-        declared = None
-    if declared is not None:
-        return WorkerSafety(bool(declared), f"{type(dataset).__name__} declares {WORKER_SAFE_ATTR}={bool(declared)}")
-    pipeline = pipeline_workers(dataset)
-    if pipeline is not None:  # NOTE [a webdataset pipeline's settings] in fastload.io.wds
-        return WorkerSafety(pipeline.splits, pipeline.reason, keeps_state=PIPELINE_STATE)
-    if isinstance(dataset, Subset):
-        return worker_safety(dataset.dataset)
-    if isinstance(dataset, (ConcatDataset, ChainDataset)):
-        verdicts = [worker_safety(d) for d in dataset.datasets]
-        unsafe = next((v for v in verdicts if not v.safe), None)
-        return unsafe or WorkerSafety(True, "every part of the concatenation is declared worker-safe")
-    if isinstance(dataset, torch.utils.data.TensorDataset):
-        return WorkerSafety(False, "TensorDataset is already in memory: workers would only add IPC cost")
-    kind = "IterableDataset" if isinstance(dataset, IterableDataset) else "dataset"
-    return WorkerSafety(
-        False,
-        f"{kind} {type(dataset).__name__} is not declared worker-safe",
-        known=False,
-    )
-
-
-_warned_types: set[type] = set()
-
-
-def _warn_once(dataset: Dataset, why: str) -> None:
-    kind = type(dataset)
-    if kind in _warned_types:
-        return
-    _warned_types.add(kind)
-    if kind.__module__ == "builtins":  # a list or tuple: no class of the user's to mark
-        how = "wrap it in a Dataset class that declares it, or pass num_workers=N"
-    else:
-        how = f"set `{WORKER_SAFE_ATTR} = True` on {kind.__name__}, or pass num_workers=N"
-    logger.warning(
-        "fastload kept torch's single-process default for %s: %s. If its samples depend only "
-        "on the index (no main-process random numbers, no mutation, picklable CPU tensors, "
-        "safe to fork), %s.",
-        kind.__name__,
-        why,
-        how,
-    )
 
 
 _ENV_MINIMUM = {"num_workers": 0, "prefetch_factor": 1}
@@ -301,7 +241,7 @@ def resolve_settings(
         workers = _auto_workers(machine, why_safe)
     elif safety.known or isinstance(dataset, IterableDataset) or not probe_enabled():
         if warn and not safety.known:
-            _warn_once(dataset, why_safe)
+            warn_undeclared(dataset, why_safe)
         hint = f"; declare {WORKER_SAFE_ATTR} = True to use workers" if not safety.known else ""
         if not safety.known and not isinstance(dataset, IterableDataset):
             hint += " (FASTLOAD_PROBE=0: not probed)"
@@ -314,7 +254,7 @@ def resolve_settings(
         )
         workers, limit = Setting(choice.workers, "auto", choice.reason), choice.limit or None
         if warn and choice.workers == 0 and probe.blocker and (probe.wall_s or 0) >= MIN_SAMPLE_S:
-            _warn_once(dataset, probe.blocker)  # it would gain from workers, but is not safe
+            warn_undeclared(dataset, probe.blocker)  # it would gain from workers, but is not safe
     probed = probe is not None and workers.value > 0
 
     n = workers.value if isinstance(workers.value, int) else 0

@@ -71,8 +71,8 @@ def test_few_workers_prefetch_more_batches_each():
 
 def test_undeclared_dataset_keeps_torch_defaults_and_warns_once_without_the_probe(caplog, monkeypatch):
     monkeypatch.setenv("FASTLOAD_PROBE", "0")
-    fastload.settings._warned_types.discard(Plain)
-    with caplog.at_level(logging.WARNING, logger="fastload.settings"):
+    fastload.tuning.safety._warned_types.discard(Plain)
+    with caplog.at_level(logging.WARNING, logger="fastload"):
         s = resolve_settings(Plain(), machine=BIG_GPU_BOX)
         resolve_settings(Plain(), machine=BIG_GPU_BOX)
     assert s.num_workers.value == 0
@@ -86,8 +86,8 @@ def test_undeclared_dataset_keeps_torch_defaults_and_warns_once_without_the_prob
 
 
 def test_undeclared_cheap_dataset_is_probed_and_stays_in_process_quietly(caplog):
-    fastload.settings._warned_types.discard(Plain)
-    with caplog.at_level(logging.WARNING, logger="fastload.settings"):
+    fastload.tuning.safety._warned_types.discard(Plain)
+    with caplog.at_level(logging.WARNING, logger="fastload"):
         s = resolve_settings(Plain(), machine=BIG_GPU_BOX)
     assert s.probe is not None and s.probe.usable  # safe, but far too cheap for workers
     assert s.num_workers.value == 0 and s.num_workers.reason.startswith("in-process:")
@@ -102,7 +102,7 @@ def test_iterable_dataset_uses_workers_only_if_it_declares_sharding():
 
 
 def test_tensor_dataset_stays_in_process_without_a_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="fastload.settings"):
+    with caplog.at_level(logging.WARNING, logger="fastload"):
         s = resolve_settings(TensorDataset(torch.zeros(3)), machine=CPU_BOX)
     assert s.num_workers.value == 0
     assert "in memory" in s.num_workers.reason
