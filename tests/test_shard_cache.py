@@ -136,6 +136,55 @@ def test_the_budget_counts_shards_and_downloads_not_a_record_being_written(tmp_p
     assert files.used() == 10_000  # the shard, not its record
 
 
+_HOLD_A_DOWNLOAD = """
+import os, sys
+from pathlib import Path
+from fastload.cache.cachedir import CacheDir
+from fastload.cache.shardfiles import ShardFiles
+files = ShardFiles(CacheDir(Path(sys.argv[1]), create=True))
+with files.budget_lock(30):
+    name, fd = files.new_temp(int(sys.argv[2]))
+os.pwrite(fd, b"x" * 1000, 0)
+print(name, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_the_download_of_a_killed_process_is_reclaimed_when_room_is_needed(tmp_path):
+    """NOTE [downloads of a killed process]: a process killed mid-download left a file that
+    counted in the budget until `cache clear` found it an hour old."""
+    import subprocess
+    import sys
+    import time
+
+    from fastload.cache.cachedir import CacheDir
+    from fastload.cache.safefs import listing
+    from fastload.cache.shardfiles import RECLAIM_AFTER_S, ShardFiles
+
+    files = ShardFiles(CacheDir(tmp_path / "cache", create=True))
+    procs = {size: subprocess.Popen([sys.executable, "-c", _HOLD_A_DOWNLOAD, str(tmp_path / "cache"),
+                                     str(size)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    text=True) for size in (50_000, 30_000)}
+    try:
+        names = {size: proc.stdout.readline().strip() for size, proc in procs.items()}
+        procs[50_000].kill()  # killed mid-download; the other is still downloading
+        procs[50_000].wait()
+        assert files.used() == 80_000
+        with files.budget_lock(30.0):
+            assert files.reclaim_downloads() == 0  # both written a moment ago
+            past = time.time() - 2 * RECLAIM_AFTER_S
+            for name in names.values():  # as if neither had written for a while
+                os.utime(name, (past, past), dir_fd=files.fd)
+            used, evicted = files.evict(60_000, 100_000, keep="")
+        assert (used, evicted) == (30_000, 0)  # the dead process's 50,000 bytes freed
+        assert set(listing(files.fd)) >= {names[30_000]} and names[50_000] not in listing(files.fd)
+        assert files.used() == 30_000
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.communicate()
+
+
 def test_two_downloads_never_count_the_same_free_bytes(remote, s3_options, tmp_path, monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 

@@ -8,7 +8,8 @@ Layout, every name one component below ``shards/``, opened without following a s
     <digest>.json     its record: key, size, xxh3-64 of the bytes; written after the data
     <digest>.lock     its flock: shared while a process reads it, exclusive to fill or evict
     budget.lock       held while space is made for a new shard
-    .fastload-tmp-download-*  a shard being downloaded (counted in the budget from its start)
+    .fastload-tmp-download-*  a shard being downloaded (counted in the budget from its start;
+                      flocked by its downloader: NOTE [downloads of a killed process])
     .fastload-tmp-*   a record being written (a few hundred bytes, not counted)
 
 Example::
@@ -56,6 +57,18 @@ and the hash (fresh 8 MiB reads cost 5-7x the CPU: 0.41-0.45 s against 0.06-0.08
 21 shards of 16 MB from the page cache, measured on the 2-core test machine)."""
 RECORD_MAGIC = "fastload shard"
 DOWNLOAD_PREFIX = TEMP_PREFIX + "download-"
+RECLAIM_AFTER_S = 60.0
+"""Seconds a download file must have gone unwritten before it may be reclaimed."""
+
+# NOTE [downloads of a killed process]
+# A download counts in the budget from its first byte, so a process killed mid-download (a
+# preempted job, the OOM killer) left a file that counted until `fastload cache clear` found
+# it an hour old; a job preempted again and again filled its budget with them. A download's
+# file is now flocked (exclusive) by its downloader from creation until its descriptor
+# closes, after the rename (the lock goes with the process, however it ends). When a shard
+# needs room, download files that no process holds and that have not been written for
+# RECLAIM_AFTER_S are deleted first (`reclaim_downloads`, under budget.lock, as downloads
+# are created, so a new one is never taken for dead before its lock).
 """A download in progress, counted in the budget; other temporary files (a record being
 written) are not: counted, a record's brief temporary file took a store filled to its budget
 233 bytes past it."""
@@ -134,10 +147,12 @@ class ShardFiles:
 
     def new_temp(self, size: int) -> tuple[str, int]:
         """A new temporary file of ``size`` bytes (sparse) for a download: its name and a
-        read-write descriptor. It counts in :meth:`used` from now on."""
+        read-write descriptor, which holds the file's flock until it is closed (call under
+        :meth:`budget_lock`). It counts in :meth:`used` from now on."""
         name = DOWNLOAD_PREFIX + secrets.token_hex(8)
         fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o666, dir_fd=self.fd)
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # NOTE [downloads of a killed process]
             os.ftruncate(fd, size)
             _allocate(fd, size)
         except BaseException:
@@ -206,11 +221,38 @@ class ShardFiles:
         """Bytes the shard files and downloads in progress take."""
         return self.stored()[0]
 
+    def reclaim_downloads(self, grace: float = RECLAIM_AFTER_S) -> int:
+        """Delete the download files of processes that are gone (NOTE [downloads of a killed
+        process]): no process holds their lock and none was written for ``grace`` seconds.
+        Call under :meth:`budget_lock`; the bytes freed."""
+        freed = 0
+        for name in listing(self.fd):
+            if not name.startswith(DOWNLOAD_PREFIX):
+                continue
+            try:
+                fd = open_file(self.fd, name, os.O_RDONLY, self.path)
+            except OSError:  # gone meanwhile, or not fastload's (Foreign): left alone
+                continue
+            try:
+                st = os.fstat(fd)
+                if time.time() - st.st_mtime < grace or not take_lock(fd, fcntl.LOCK_EX, 0):
+                    continue
+                self.remove_temp(name)
+                freed += st.st_size
+                logger.info("deleted %s/%s (%d bytes): the download of a process that is gone",
+                            self.path, name, st.st_size)
+            finally:
+                os.close(fd)
+        return freed
+
     def evict(self, need: int, budget: int, keep: str) -> tuple[int, int]:
         """Delete least recently used shards no process holds until ``need`` more bytes fit
-        in ``budget`` (call under :meth:`budget_lock`); never ``keep``. Returns the bytes in
-        use after it and the shards deleted."""
+        in ``budget`` (call under :meth:`budget_lock`); never ``keep``. Downloads of processes
+        that are gone go first (:meth:`reclaim_downloads`). Returns the bytes in use after it
+        and the shards deleted."""
         used, shards = self.stored()
+        if used + need > budget:
+            used -= self.reclaim_downloads()
         evicted = 0
         for shard in sorted(shards, key=lambda s: s.used_at):
             if used + need <= budget:
@@ -232,13 +274,14 @@ class ShardFiles:
         return used, evicted
 
     def clear(self) -> tuple[int, int]:
-        """Delete every shard no process holds and every download stale for an hour (a
-        crashed one); (shards deleted, bytes freed)."""
+        """Delete every shard no process holds, every download of a process that is gone
+        (NOTE [downloads of a killed process]) and any other temporary file an hour old (a
+        record a crashed process was writing); (shards deleted, bytes freed)."""
         with self.budget_lock(30.0):
             before = self.used()
             _, evicted = self.evict(before + 1, 0, keep="")
             for name in listing(self.fd):
-                if name.startswith(TEMP_PREFIX):
+                if name.startswith(TEMP_PREFIX) and not name.startswith(DOWNLOAD_PREFIX):
                     with contextlib.suppress(OSError):
                         if time.time() - os.stat(name, dir_fd=self.fd).st_mtime > 3600:
                             self.remove_temp(name)
