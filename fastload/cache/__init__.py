@@ -24,7 +24,7 @@ _LAZY = {
     "parse_size": "fastload.cache.config",
     "ShardRef": "fastload.cache.shardstore",
     "ShardStore": "fastload.cache.shardstore",
-    "open_shard_store": "fastload.cache.shardstore",
+    "open_shard_store": "fastload.cache.build",
 }
 __getattr__, __dir__ = _attach(__name__, _LAZY, globals())
 

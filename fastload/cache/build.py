@@ -1,4 +1,5 @@
-"""From a cache spec to a cache: the one module that builds tiers from a :class:`CacheConfig`.
+"""From a cache spec to a cache: the one module that builds tiers from a :class:`CacheConfig`
+(and a cache's shard store, :func:`open_shard_store`).
 
 :mod:`fastload.cache.config` holds the spec's data and parsing; the tiers import it. This
 module imports the tiers, so no cycle runs through the config.
@@ -12,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -19,9 +21,12 @@ from typing import Any
 from fastload.cache.config import DEFAULT_DIR, HMAC_KEY_ENV, CacheConfig, redact_url
 from fastload.cache.disk import DiskTier
 from fastload.cache.memory import MemoryTier
+from fastload.cache.shardstore import ShardStore
 from fastload.cache.tier import Tier
 from fastload.cache.tiered import TieredCache
-from fastload.errors import ConfigError, MissingDependencyError
+from fastload.errors import CacheError, ConfigError, MissingDependencyError
+
+logger = logging.getLogger(__name__)
 
 
 def build_tiers(config: CacheConfig) -> list[Tier]:
@@ -74,3 +79,30 @@ def open_cache(spec: Any) -> TieredCache | None:
             "{'memory': '2GB', 'disk': '/nvme/cache'}, a CacheConfig, or None"
         )
     return TieredCache(build_tiers(config), config=config)
+
+
+def open_shard_store(cache: Any, *, keep_open: int = 8) -> ShardStore | None:
+    """The shard store of a :class:`~fastload.cache.tiered.TieredCache`: in its disk tier's
+    directory, budget ``config.shard_budget`` (else the disk tier's), its other shared tiers
+    (Redis) shared; None without a writable disk tier (readers then cache ranges as entries).
+
+    Example::
+
+        >>> store = open_shard_store(open_cache({"disk": "/nvme/fastload", "shard_budget": "2TB"}))
+    """
+    disks = [t for t in getattr(cache, "tiers", []) if isinstance(t, DiskTier)]
+    if not disks or disks[0].read_only is not None:
+        return None
+    disk = disks[0]
+    config = cache.config
+    budget = config.shard_budget if config.shard_budget is not None else disk.budget
+    shared = [t for t in cache.tiers if t.shared and t is not disk]
+    try:
+        store = ShardStore(disk.directory, budget=budget, shared=shared, keep_open=keep_open,
+                           lock_timeout=config.lock_timeout)
+        store.files  # noqa: B018 - shards/ made now: a directory that refuses it fails open here
+        return store
+    except (OSError, CacheError) as exc:  # NOTE [a cache fails open]
+        logger.warning("no shard store in %s (%s); shards are read by range from the origin",
+                       disk.directory, exc)
+        return None

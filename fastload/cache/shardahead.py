@@ -9,9 +9,34 @@ time (each with its own concurrent range requests), and only where the budget ha
 shard. Readers then find their shard whole, or wait on its lock while it completes.
 The cache knows nothing of loaders: the loader calls :meth:`advance` (or :meth:`follow`).
 
+NOTE [downloads ahead are held until read]
+A shard downloaded ahead is not yet pinned by any reader, and eviction takes the least
+recently used shard no process holds: with a budget smaller than the dataset, the next
+download ahead (or a reader's own) evicted the shards downloaded ahead a moment before,
+and the reader downloaded them again when it got there. 20 shards of 40 samples read in
+fastload's order (``shuffle_window`` 4, threads engine) through budgets of 6, 7 and 8 shards:
+21, 27 and 31 downloads in one epoch; 12 shards of 4 samples, batches of 2: 12-17 on
+threads, 12-19 on two torch workers. So each shard downloaded ahead is held (its lock, shared:
+``ShardStore.ensure(hold=True)``) until the reader has passed its *last* sample: not its
+first, since a reader's pin does not cover it (the reads of a shard still downloading go to
+the origin and pin nothing, and torch's workers pin in their own processes), and a shard
+let go of at its first sample was evicted under the reader and downloaded again. A download
+ahead that finds no room waits for the reader to move on instead of evicting what comes
+next; the holds are at most the shuffle window and the shards ahead, which the budget holds
+(``CachedShards.follow`` sets ``ahead`` so). On threads each shard is now downloaded once an
+epoch at any budget the dataset accepts. torch's workers read batches ahead of those the
+loop has taken, while the window before is still held, and a worker that needs room lets go
+of its own oldest shards (as before): 12 shards through budgets of 5-9 shards on two workers
+took 12-15 downloads (12-19 before); through 9 and 10 shards (two windows and one or two),
+12 in all 20 runs on a quiet machine, but not always on a busy one. tests/test_shard_cache.py
+counts the downloads on threads; on workers it checks that every sample is read. Once the
+reader has reached a shard the downloader ahead fetches it as the reader would (past the
+budget if it must) and holds it, or waits for the reader's download and holds that.
+
 Example::
 
-    >>> ahead = ShardAhead(store, fs, refs, first_use=[0, 1000, 2000], ahead=2).start()
+    >>> ahead = ShardAhead(store, fs, refs, first_use=[0, 1000, 2000],
+    ...                    last_use=[1499, 2999, 3999], ahead=2).start()
     >>> for batch in ahead.follow(batches, per_item=256):
     ...     train(batch)
 """
@@ -41,6 +66,8 @@ class ShardAhead(Ahead):
         fs: the shards' filesystem.
         refs: the shards in the order of their first use.
         first_use: for each of ``refs``, the sample position of its first use (ascending).
+        last_use: for each of ``refs``, the position of its last use (default: its first);
+            a shard downloaded ahead is held until the reader has passed it.
         ahead: shards downloaded past the one the reader is in (at least 1).
         jobs: shards downloaded at once.
         start: the reader's first sample position (a resumed epoch).
@@ -54,12 +81,14 @@ class ShardAhead(Ahead):
 
     def __init__(
         self, store: ShardStore, fs: Any, refs: Sequence[ShardRef], first_use: Sequence[int], *,
-        ahead: int = 2, jobs: int = 2, start: int = 0,
+        last_use: Sequence[int] | None = None, ahead: int = 2, jobs: int = 2, start: int = 0,
     ) -> None:
         self.store, self.fs = store, fs
         self.refs, self.first_use = list(refs), list(first_use)
+        self.last_use = list(first_use if last_use is None else last_use)
         self.ahead, self.jobs = max(1, ahead), max(1, jobs)
         self.fetched = self.hits = self.failed = 0
+        self._held: dict[int, ShardRef] = {}  # downloaded ahead, held until the reader is there
         super().__init__(start)
         self._next = max(0, bisect.bisect_right(self.first_use, start) - 1)
 
@@ -69,6 +98,18 @@ class ShardAhead(Ahead):
 
     def _summary(self) -> str:
         return f"{self.fetched} shards fetched, {self.hits} already there, {self.failed} failed"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop downloading, wait for what is in flight, and let go of the shards held."""
+        super().stop(timeout)
+        with self._cond:
+            held, self._held = list(self._held.values()), {}
+        for ref in held:
+            self.store.release_hold(ref)
+
+    def _advanced(self) -> None:
+        for k in [k for k in self._held if self.last_use[k] < self._consumed]:
+            self.store.release_hold(self._held.pop(k))  # the reader is done with it
 
     def _current(self) -> int:
         """The position in ``refs`` of the shard the reader has started last."""
@@ -88,8 +129,10 @@ class ShardAhead(Ahead):
         while (claimed := self._claim()) is not None:
             k, seen = claimed
             while True:
+                with self._cond:  # the reader is there: it downloads it now, or has (held too)
+                    must = self._current() >= k
                 try:
-                    outcome = self.store.ensure(self.fs, self.refs[k], must=False)
+                    outcome = self.store.ensure(self.fs, self.refs[k], must=must, hold=True)
                 except Exception as exc:  # noqa: BLE001 - the reader downloads again, or raises it
                     logger.debug("downloading %s ahead failed: %s", self.refs[k].url, exc)
                     with self._cond:
@@ -101,10 +144,14 @@ class ShardAhead(Ahead):
                             self.hits += 1
                         else:
                             self.fetched += 1
+                        if self._stopped or self.last_use[k] < self._consumed:
+                            self.store.release_hold(self.refs[k])
+                        else:
+                            self._held[k] = self.refs[k]
                     break
                 with self._cond:  # the budget is full of shards in use: wait for the reader
-                    if self._stopped or self._current() >= k:
-                        break  # the reader is there already and downloads it itself
+                    if self._stopped:
+                        break
                     if self._consumed == seen:
                         self._cond.wait(_NO_ROOM_WAIT_S)
                     seen = self._consumed

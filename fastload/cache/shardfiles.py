@@ -138,6 +138,30 @@ class ShardFiles:
             return None
         return record if isinstance(record, dict) and record.get("magic") == RECORD_MAGIC else None
 
+    def open_checked(self, digest: str, key: str, size: int, *,
+                     verify: bool) -> tuple[int | None, str | None]:
+        """A read descriptor of the shard's data if it matches its record and ``key`` and
+        holds ``size`` bytes (and, with ``verify``, the record's checksum; call with its lock
+        held), else None and why (None: there is no file)."""
+        record = self.record(digest)
+        data_fd = self.open_data(digest)
+        if data_fd is None:
+            return None, None
+        problem = None
+        actual = os.fstat(data_fd).st_size
+        if record is None:
+            problem = "it has no record"
+        elif record.get("key") != key:
+            problem = "its record names another shard"
+        elif not actual == record.get("size") == size:
+            problem = f"it holds {actual} bytes, its record {record.get('size')}, the index {size}"
+        elif verify and file_checksum(data_fd, actual) != record.get("xxh3"):
+            problem = "its checksum does not match its record (a damaged file)"
+        if problem is None:
+            return data_fd, None
+        os.close(data_fd)
+        return None, problem
+
     def open_data(self, digest: str) -> int | None:
         """A read descriptor of ``<digest>.data``; None when missing (or foreign)."""
         try:

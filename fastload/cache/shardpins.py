@@ -25,7 +25,12 @@ import contextlib
 import os
 import threading
 
-__all__ = ["Pins", "ShardPin"]
+__all__ = ["Holds", "Pins", "ShardPin"]
+
+
+def _close(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 class ShardPin:
@@ -39,8 +44,7 @@ class ShardPin:
     def close(self) -> None:
         """Close both descriptors (the lock goes with the last descriptor of its file)."""
         for fd in (self.data_fd, self.lock_fd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            _close(fd)
 
 
 class Pins:
@@ -109,3 +113,42 @@ class Pins:
         pin.retired = True
         if pin.users == 0:
             pin.close()
+
+
+class Holds:
+    """Shards held for a reader that is not done with them: a lock descriptor each, held
+    shared, so that no download evicts them meanwhile (NOTE [downloads ahead are held until
+    read] in :mod:`.shardahead`). Unlike :class:`Pins`, not capped: the downloader ahead
+    holds only what the budget let it download."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fds: dict[str, int] = {}
+
+    def add(self, digest: str, lock_fd: int) -> None:
+        """Keep ``lock_fd`` (the shard's lock, held shared) until :meth:`release`."""
+        with self._lock:
+            old = self._fds.pop(digest, None)
+            self._fds[digest] = lock_fd
+        if old is not None:
+            _close(old)
+
+    def release(self, digest: str) -> None:
+        """Let go of the shard (it may be evicted from now on, unless a reader pins it)."""
+        with self._lock:
+            fd = self._fds.pop(digest, None)
+        if fd is not None:
+            _close(fd)
+
+    def release_all(self) -> None:
+        with self._lock:
+            fds, self._fds = list(self._fds.values()), {}
+        for fd in fds:
+            _close(fd)
+
+    def close_inherited(self) -> None:
+        """In a forked child: close the parent's descriptors (its locks stay the parent's)."""
+        for fd in self._fds.values():
+            _close(fd)
+        self._fds = {}
+        self._lock = threading.Lock()

@@ -59,7 +59,7 @@ from fastload.cache.keys import digest
 from fastload.cache.safefs import take_lock
 from fastload.cache.shardfetch import download_ranges
 from fastload.cache.shardfiles import ShardFiles, file_checksum
-from fastload.cache.shardpins import Pins, ShardPin
+from fastload.cache.shardpins import Holds, Pins, ShardPin
 from fastload.cache.shardsource import (
     ShardChangedError,
     ShardRef,
@@ -74,7 +74,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "ShardBusyError", "ShardChangedError", "ShardFillingError", "ShardRef", "ShardStore",
-    "open_shard_store",
 ]
 
 PUBLISH_MAX = 256 << 20
@@ -134,11 +133,13 @@ class ShardStore:
         """In a forked child: close the parent's pins (the parent's own descriptors keep its
         locks) so that they go when the parent lets go of them, and pin anew."""
         self._pins.close_inherited()
+        self._holds.close_inherited()
         self._setup()
 
     def _setup(self) -> None:
         self._mutex = threading.Lock()
         self._pins = Pins(self.keep_open)
+        self._holds = Holds()
         self._opening: dict[str, threading.Lock] = {}
         self._verified: set[str] = set()
         self._held_damaged: set[str] = set()
@@ -192,8 +193,10 @@ class ShardStore:
         self._pin(fs, ref)
         return self.files.path / f"{digest(ref.key)}.data"
 
-    def ensure(self, fs: Any, ref: ShardRef, *, must: bool = False) -> str:
-        """Make sure the shard is in the store without pinning it (a download ahead of need).
+    def ensure(self, fs: Any, ref: ShardRef, *, must: bool = False, hold: bool = False) -> str:
+        """Make sure the shard is in the store without pinning it (a download ahead of need);
+        with ``hold``, hold it (:meth:`release_hold`) so that no download evicts it before its
+        reader comes (NOTE [downloads ahead are held until read] in :mod:`.shardahead`).
 
         Returns "hit", "fetched", "shared" (copied from a shared tier) or "no room" (the
         budget is taken by shards in use and ``must`` is False: nothing was downloaded)."""
@@ -203,7 +206,7 @@ class ShardStore:
         with gate:  # after a reader of this process that opens it, if one does
             if d in self._pins:
                 return "hit"
-            lock_fd = self.files.open_lock(d)
+            lock_fd: int | None = self.files.open_lock(d)
             try:
                 # Shared first: a shard other readers hold is there; a download of another
                 # process is waited for. Then exclusive, briefly: whoever holds it fills or reads it.
@@ -213,18 +216,32 @@ class ShardStore:
                     data_fd, _ = self._valid(d, ref)
                     if data_fd is not None:
                         os.close(data_fd)
-                        return "hit"
+                        outcome = "hit"
+                        break
                     if not exclusive:
                         fcntl.flock(lock_fd, fcntl.LOCK_UN)
                         if not take_lock(lock_fd, fcntl.LOCK_EX, min(1.0, self.lock_timeout)):
                             return "hit"
-                return self._fill(fs, ref, d, must=must)
+                else:
+                    outcome = self._fill(fs, ref, d, must=must)
+                if hold and outcome != "no room":
+                    fcntl.flock(lock_fd, fcntl.LOCK_SH)  # from exclusive after a fill
+                    self._holds.add(d, lock_fd)
+                    lock_fd = None
+                return outcome
             finally:
-                os.close(lock_fd)
+                if lock_fd is not None:
+                    os.close(lock_fd)
+
+    def release_hold(self, ref: ShardRef) -> None:
+        """Let go of a shard held by :meth:`ensure` (``hold``): it may be evicted from now on
+        unless a reader pins it."""
+        self._holds.release(digest(ref.key))
 
     def release_all(self) -> None:
-        """Unpin every shard this process holds (they may be evicted from now on)."""
+        """Unpin every shard this process pins or holds (they may be evicted from now on)."""
         self._pins.release_all()
+        self._holds.release_all()
 
     close = release_all
 
@@ -304,27 +321,13 @@ class ShardStore:
 
     def _valid(self, d: str, ref: ShardRef) -> tuple[int | None, str | None]:
         """A descriptor of the shard's file if it is whole and checks out (call with its lock
-        held), else None and why (None: there is no file)."""
-        files = self.files
-        record = files.record(d)
-        data_fd = files.open_data(d)
-        if data_fd is None:
-            return None, None
-        problem = None
-        size = os.fstat(data_fd).st_size
-        if record is None:
-            problem = "it has no record"
-        elif record.get("key") != ref.key:
-            problem = "its record names another shard"
-        elif not size == record.get("size") == ref.size:
-            problem = f"it holds {size} bytes, its record {record.get('size')}, the index {ref.size}"
-        elif d not in self._verified and file_checksum(data_fd, size) != record.get("xxh3"):
-            problem = "its checksum does not match its record (a damaged file)"
-        if problem is None:
+        held; its checksum the first time this process opens it), else None and why (None:
+        there is no file); the caller removes it under its exclusive lock, then downloads."""
+        data_fd, problem = self.files.open_checked(d, ref.key, ref.size,
+                                                   verify=d not in self._verified)
+        if data_fd is not None:
             self._verified.add(d)
-            return data_fd, None
-        os.close(data_fd)
-        return None, problem  # the caller removes it under its exclusive lock, then downloads
+        return data_fd, problem
 
     # -- filling ---------------------------------------------------------------------------
 
@@ -399,32 +402,3 @@ def _reopen(directory: str, budget: int, shared: list[Tier], keep_open: int,
             lock_timeout: float, publish_max: int) -> ShardStore:
     return ShardStore(directory, budget=budget, shared=shared, keep_open=keep_open,
                       lock_timeout=lock_timeout, publish_max=publish_max)
-
-
-def open_shard_store(cache: Any, *, keep_open: int = 8) -> ShardStore | None:
-    """The shard store of a :class:`~fastload.cache.tiered.TieredCache`: in its disk tier's
-    directory, budget ``config.shard_budget`` (else the disk tier's), its other shared tiers
-    (Redis) shared; None without a writable disk tier (readers then cache ranges as entries).
-
-    Example::
-
-        >>> store = open_shard_store(open_cache({"disk": "/nvme/fastload", "shard_budget": "2TB"}))
-    """
-    from fastload.cache.disk import DiskTier
-
-    disks = [t for t in getattr(cache, "tiers", []) if isinstance(t, DiskTier)]
-    if not disks or disks[0].read_only is not None:
-        return None
-    disk = disks[0]
-    config = cache.config
-    budget = config.shard_budget if config.shard_budget is not None else disk.budget
-    shared = [t for t in cache.tiers if t.shared and t is not disk]
-    try:
-        store = ShardStore(disk.directory, budget=budget, shared=shared, keep_open=keep_open,
-                           lock_timeout=config.lock_timeout)
-        store.files  # noqa: B018 - shards/ made now: a directory that refuses it fails open here
-        return store
-    except (OSError, CacheError) as exc:  # NOTE [a cache fails open]
-        logger.warning("no shard store in %s (%s); shards are read by range from the origin",
-                       disk.directory, exc)
-        return None

@@ -35,6 +35,20 @@ it used to wait for the whole download, every read thread idle for the first sha
 cold epoch. A shard another process downloads is waited for, as before:
 one download per node.
 
+NOTE [a sampler of one's own over shards]
+fastload's order reads ``shuffle_window`` files at a time and hands the loader's epoch to the
+downloader ahead (above). A ``sampler`` or ``batch_sampler`` passed to the DataLoader is
+honoured as torch would (its order, its split), but it is not known before it runs, so
+nothing is downloaded ahead, and an order that draws each batch from many files (a
+``RandomSampler``, a ``DistributedSampler``, a ``WeightedRandomSampler``) over a shard budget
+that cannot hold every file evicts files it comes back to within the same epoch: 20 files of
+40 samples, a budget that held 7, the threads engine: a seeded ``RandomSampler`` or a
+``DistributedSampler`` downloaded them 445-472 times in one epoch, ``shuffle=True`` each
+once (NOTE [downloads ahead are held until read]). So a loader given such a sampler says so
+once per dataset (:meth:`CachedShards.foreign_order`, with the budget's figures and the two
+ways out); a ``SequentialSampler`` (the storage order) and fastload's own samplers, bare or
+inside a framework's wrappers, are not warned about.
+
 Without a disk tier (memory or Redis only), for local files, or when the store cannot be
 opened, :meth:`CachedShards.open` gives None and the dataset reads ranges, cached as entries
 (:func:`cached_range`, :func:`store_range`) where it has a cache.
@@ -57,7 +71,8 @@ import numpy as np
 
 from fastload.cache import TieredCache
 from fastload.cache.shardahead import ShardAhead
-from fastload.cache.shardstore import ShardBusyError, ShardRef, ShardStore, open_shard_store
+from fastload.cache.build import open_shard_store
+from fastload.cache.shardstore import ShardBusyError, ShardRef, ShardStore
 from fastload.errors import ConfigError
 
 __all__ = ["AHEAD_MAX", "CachedShards", "cached_range", "shard_refs", "store_range"]
@@ -149,16 +164,39 @@ class CachedShards:
         except ShardBusyError:
             return origin(file, offset, length)
 
+    def foreign_order(self, sampler: str, owner: str) -> str | None:
+        """Why reading in the order of ``sampler`` (the name of a sampler of the user's own)
+        costs downloads again, or None when the budget holds every file (NOTE [a sampler of
+        one's own over shards]); ``owner`` names the dataset class."""
+        largest = max(r.size for r in self.refs)
+        room = self.store.budget // max(1, largest)
+        total = sum(r.size for r in self.refs)
+        if room >= len(self.refs):
+            return None
+        return (
+            f"{owner} is read in the order of the {sampler} given to the DataLoader, not in "
+            f"fastload's shard-aware one (shuffle_window={self.shuffle_window} files at a "
+            f"time), so no file is downloaded ahead, and the shard budget of "
+            f"{self.store.budget} bytes holds {room} of its {len(self.refs)} files: an order "
+            "that draws each batch from many files evicts files it comes back to and downloads "
+            "them again within the epoch. Pass shuffle=True and no sampler (under "
+            "torch.distributed fastload splits the files between ranks itself), or raise "
+            f"shard_budget to {total} bytes"
+        )
+
     def follow(self, fs: Any, files: np.ndarray, start: int = 0) -> ShardAhead | None:
         """Download ahead, in the order of their first use, the files of an epoch whose
         samples lie in ``files`` (the file of each sample, in the epoch's order); the reader
         is at sample ``start``. None for an empty epoch."""
         if len(files) == 0:
             return None
-        unique, first = np.unique(np.asarray(files), return_index=True)
+        files = np.asarray(files)
+        unique, first = np.unique(files, return_index=True)
+        last = len(files) - 1 - np.unique(files[::-1], return_index=True)[1]
         by_use = np.argsort(first)
         largest = max(r.size for r in self.refs)
         room = self.store.budget // max(1, largest) - self.shuffle_window
         ahead = ShardAhead(self.store, fs, [self.refs[int(f)] for f in unique[by_use]],
-                           first[by_use].tolist(), ahead=max(1, min(AHEAD_MAX, room)), start=start)
+                           first[by_use].tolist(), last_use=last[by_use].tolist(),
+                           ahead=max(1, min(AHEAD_MAX, room)), start=start)
         return ahead.start()

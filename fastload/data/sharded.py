@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -38,6 +39,8 @@ from fastload.cache.shardstore import ShardRef, ShardStore
 from fastload.data.declared import DeclaredImages
 from fastload.data.shard_order import ShardOrder
 from fastload.io.origin import with_timeouts
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["REVALIDATE_THREADS", "ShardedImages"]
 
@@ -56,6 +59,7 @@ class ShardedImages(DeclaredImages):
     _cache: TieredCache | None
     _order: ShardOrder
     _shards: Any  # shard_cache_use.CachedShards, or None
+    _order_warned = False  # check_order said it once
 
     def _url_to_fs(self, url: str) -> tuple[Any, str]:
         return fsspec.core.url_to_fs(url, **with_timeouts(url, self.storage_options))
@@ -87,6 +91,17 @@ class ShardedImages(DeclaredImages):
 
     def label(self, index: int) -> int:
         return int(self.index.labels[int(index)])
+
+    def check_order(self, sampler: str) -> None:
+        """Warn once when a loader reads this dataset in the order of a sampler of the
+        user's own (named ``sampler``) that would download files again (NOTE [a sampler of
+        one's own over shards] in :mod:`fastload.data.shard_cache_use`); the loader calls it."""
+        if self._shards is None or self._order_warned:
+            return
+        why = self._shards.foreign_order(sampler, type(self).__name__)
+        if why is not None:
+            self._order_warned = True
+            logger.warning("%s", why)
 
     def revalidate(self) -> int:
         """Check that every file is still the version the index was built from (NOTE [shards

@@ -29,12 +29,12 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, Dataset, IterableDataset, Sampler
+from torch.utils.data import BatchSampler, Dataset, IterableDataset, Sampler, SequentialSampler
 
 from fastload import distributed
 from fastload.data.declared import is_declared
@@ -120,7 +120,9 @@ def epoch_plan(
     if _is_view(sampler) and batch_sampler is None:
         return _plan(sampler, ranks, batch_size, drop_last)  # a rebuilt loader: adopt it
     if batch_sampler is not None or sampler is not None:
-        _split_nested(batch_sampler if batch_sampler is not None else sampler, ranks)
+        given = batch_sampler if batch_sampler is not None else sampler
+        _split_nested(given, ranks)
+        _check_order(dataset, given)
         return Plan()
     declared = is_declared(dataset)
     if not (declared or (ranks.distributed and not isinstance(dataset, IterableDataset))):
@@ -153,17 +155,36 @@ def _split_nested(plan: Any, ranks: distributed.RankInfo) -> None:
     ``_IndexBatchSamplerWrapper(BatchSampler(loader.sampler))`` and, since the sampler is a
     DistributedSampler, adds no split of its own.
     """
-    for _ in range(_NESTING):
-        if plan is None:
-            return
-        if isinstance(plan, EpochSampler):
-            if _is_view(plan) and ranks.world_size > 1:
-                plan.num_replicas, plan.rank = ranks.world_size, ranks.rank
+    for level in _nested(plan):
+        if isinstance(level, EpochSampler):
+            if _is_view(level) and ranks.world_size > 1:
+                level.num_replicas, level.rank = ranks.world_size, ranks.rank
                 logger.info(
                     "a fastload sampler inside the loader's batch_sampler now yields rank %d's "
                     "share of %d (a framework rebuilt the loader around it)", ranks.rank, ranks.world_size,
                 )
             return
+
+
+def _check_order(dataset: Dataset, given: Any) -> None:
+    """A sharded dataset read in the order of a sampler of the user's own is told so (NOTE
+    [a sampler of one's own over shards]): not for fastload's samplers, bare or wrapped by a
+    framework, nor for the storage order."""
+    check = getattr(dataset, "check_order", None)
+    if check is None:
+        return
+    levels = list(_nested(given))
+    if any(isinstance(level, (EpochSampler, SequentialSampler, range)) for level in levels):
+        return
+    check(type(levels[-1]).__name__)
+
+
+def _nested(plan: Any) -> Iterator[Any]:
+    """``plan`` and the samplers inside it (``.sampler``, ``.batch_sampler``), outermost first."""
+    for _ in range(_NESTING):
+        if plan is None:
+            return
+        yield plan
         plan = getattr(plan, "sampler", None) or getattr(plan, "batch_sampler", None)
 
 
