@@ -13,25 +13,23 @@ NOTE [downloads ahead are held until read]
 A shard downloaded ahead is not yet pinned by any reader, and eviction takes the least
 recently used shard no process holds: with a budget smaller than the dataset, the next
 download ahead (or a reader's own) evicted the shards downloaded ahead a moment before,
-and the reader downloaded them again when it got there. 20 shards of 40 samples read in
-fastload's order (``shuffle_window`` 4, threads engine) through budgets of 6, 7 and 8 shards:
-21, 27 and 31 downloads in one epoch; 12 shards of 4 samples, batches of 2: 12-17 on
-threads, 12-19 on two torch workers. So each shard downloaded ahead is held (its lock, shared:
-``ShardStore.ensure(hold=True)``) until the reader has passed its *last* sample: not its
-first, since a reader's pin does not cover it (the reads of a shard still downloading go to
-the origin and pin nothing, and torch's workers pin in their own processes), and a shard
-let go of at its first sample was evicted under the reader and downloaded again. A download
-ahead that finds no room waits for the reader to move on instead of evicting what comes
-next; the holds are at most the shuffle window and the shards ahead, which the budget holds
-(``CachedShards.follow`` sets ``ahead`` so). On threads each shard is now downloaded once an
-epoch at any budget the dataset accepts. torch's workers read batches ahead of those the
-loop has taken, while the window before is still held, and a worker that needs room lets go
-of its own oldest shards (as before): 12 shards through budgets of 5-9 shards on two workers
-took 12-15 downloads (12-19 before); through 9 and 10 shards (two windows and one or two),
-12 in all 20 runs on a quiet machine, but not always on a busy one. tests/test_shard_cache.py
-counts the downloads on threads; on workers it checks that every sample is read. Once the
-reader has reached a shard the downloader ahead fetches it as the reader would (past the
-budget if it must) and holds it, or waits for the reader's download and holds that.
+and the reader downloaded them again when it got there. So each shard downloaded ahead is
+held (its lock, shared: ``ShardStore.ensure(hold=True)``) until the reader has passed its
+*last* sample: not its first, since a reader's pin does not cover it (the reads of a shard
+still downloading go to the origin and pin nothing, and torch's workers pin in their own
+processes), and a shard let go of at its first sample was evicted under the reader and
+downloaded again. A download ahead that finds no room waits for the reader to move on
+instead of evicting what comes next; the holds are at most the shuffle window and the shards
+ahead, which the budget holds (``CachedShards.follow`` sets ``ahead`` so). Once the reader
+has reached a shard the downloader fetches it as the reader would (past the budget if it
+must) and holds it, or waits for the reader's download and holds that.
+
+``benchmarks/shard_budget.py`` (20 shards of 40 JPEGs, budgets of 5-10 shards, one epoch in
+fastload's order) counts whole-shard downloads per shard: 1.00-1.50 on threads and 1.15-2.05
+on two torch workers before, 1.00 at every budget on threads now, 1.00-1.25 on the workers
+(they read batches ahead of those the loop has taken while the window before is still held,
+and a worker that needs room lets go of its own oldest shards, as before).
+tests/test_shard_cache.py counts them on threads; on workers it checks every sample is read.
 
 Example::
 
