@@ -39,6 +39,7 @@ from torch.utils.data import BatchSampler, Dataset, IterableDataset, Sampler, Se
 from fastload import distributed
 from fastload.data.declared import is_declared
 from fastload.data.sampling import EpochSampler
+from fastload.data.sharded import ShardedImages
 
 logger = logging.getLogger(__name__)
 
@@ -170,13 +171,12 @@ def _check_order(dataset: Dataset, given: Any) -> None:
     """A sharded dataset read in the order of a sampler of the user's own is told so (NOTE
     [a sampler of one's own over shards]): not for fastload's samplers, bare or wrapped by a
     framework, nor for the storage order."""
-    check = getattr(dataset, "check_order", None)
-    if check is None:
+    if not isinstance(dataset, ShardedImages):
         return
     levels = list(_nested(given))
     if any(isinstance(level, (EpochSampler, SequentialSampler, range)) for level in levels):
         return
-    check(type(levels[-1]).__name__)
+    dataset.check_order(type(levels[-1]).__name__)
 
 
 def _nested(plan: Any) -> Iterator[Any]:
