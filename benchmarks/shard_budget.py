@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fastload import DataLoader, TarShards  # noqa: E402
+from tests.contracts.shard_cache import whole_downloads  # noqa: E402
 from tests.fixtures.s3 import DUMMY_ENV, S3Server, upload_folder  # noqa: E402
 
 
@@ -96,8 +97,7 @@ def main() -> None:
                     seen = sum(len(y) for _, y in loader)
                     if seen != len(ds):
                         raise RuntimeError(f"{engine} {name} room {room}: {seen} of {len(ds)} samples")
-                    whole = sum(r.startswith("bytes=0-") for u in urls
-                                for r in server.get_ranges(u.removeprefix("s3://")))
+                    whole = sum(whole_downloads(server, urls))
                     row.append(whole / len(urls))
                 print(f"{engine:<10}{name:<20}" + "".join(f"{x:>9.2f}" for x in row))
     finally:

@@ -25,6 +25,7 @@ from tests.contracts.shard_cache import (
     damage_copies,
     one_download_each,
     two_processes_download_once,
+    whole_downloads,
 )
 from tests.fixtures.s3 import upload_folder
 from tests.test_shards import write_shards
@@ -133,12 +134,6 @@ def small_shards(s3_options, jpeg_root, tmp_path_factory) -> list[str]:
     return [f"{root}/{p.name}" for p in sorted(local.glob("*.tar"))]
 
 
-def downloads_of(server, urls: list[str]) -> list[int]:
-    """Whole-shard downloads of each of ``urls`` the server saw: GETs from byte 0 (a
-    sample's range never starts there: its tar header comes first)."""
-    return [sum(r.startswith("bytes=0-") for r in server.get_ranges(p)) for p in _paths(urls)]
-
-
 @pytest.mark.parametrize("backend", ["threads", "torch"])
 def test_fastloads_order_downloads_each_shard_once_an_epoch_through_a_small_budget(
         backend, small_shards, s3_options, s3_server, tmp_path):
@@ -146,8 +141,9 @@ def test_fastloads_order_downloads_each_shard_once_an_epoch_through_a_small_budg
     # the next download before its reader came, and downloaded again (31 downloads of 20
     # shards with room for 8); on threads every budget the dataset accepts now reads each
     # shard once.
-    sizes = [int(v.split(":")[0]) for v in remote_ds(small_shards, s3_options, None).index.versions]
-    expected = sorted(remote_ds(small_shards, s3_options, None).targets.tolist())
+    uncached = remote_ds(small_shards, s3_options, None)
+    sizes = [int(v.split(":")[0]) for v in uncached.index.versions]
+    expected = sorted(uncached.targets.tolist())
     # The shuffle window (4) + 1 is the least budget accepted. torch's workers read batches
     # ahead of those the loop has taken while the window before is still held, and one that
     # needs room lets go of its own oldest shards, or downloads beyond the budget (with a
@@ -165,7 +161,7 @@ def test_fastloads_order_downloads_each_shard_once_an_epoch_through_a_small_budg
         labels = [y for _, ys in loader for y in ys.tolist()]
         assert sorted(labels) == expected
         if backend == "threads":
-            assert downloads_of(s3_server, small_shards) == [1] * len(small_shards), room
+            assert whole_downloads(s3_server, small_shards) == [1] * len(small_shards), room
             assert ds.shard_store.files.used() <= budget
 
 
@@ -196,7 +192,7 @@ def test_a_sampler_of_ones_own_that_thrashes_the_budget_is_named_once(
     assert (f"shard budget of {5 * largest} bytes holds 5 of its 12 files" in said[0]
             and "Pass shuffle=True and no sampler" in said[0]
             and f"raise shard_budget to {sum(sizes)} bytes" in said[0]), said[0]
-    assert sum(downloads_of(s3_server, small_shards)) > len(small_shards)  # what it warns of
+    assert sum(whole_downloads(s3_server, small_shards)) > len(small_shards)  # what it warns of
     epoch(sampler=RandomSampler(ds))
     assert len(warned()) == 1  # once
     roomy = remote_ds(small_shards, s3_options, {"disk": str(tmp_path / "roomy")})

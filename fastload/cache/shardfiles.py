@@ -57,8 +57,9 @@ and the hash (fresh 8 MiB reads cost 5-7x the CPU: 0.41-0.45 s against 0.06-0.08
 21 shards of 16 MB from the page cache, measured on the 2-core test machine)."""
 RECORD_MAGIC = "fastload shard"
 DOWNLOAD_PREFIX = TEMP_PREFIX + "download-"
-RECLAIM_AFTER_S = 60.0
-"""Seconds a download file must have gone unwritten before it may be reclaimed."""
+"""A download in progress, counted in the budget; other temporary files (a record being
+written) are not: counted, a record's brief temporary file took a store filled to its budget
+233 bytes past it."""
 
 # NOTE [downloads of a killed process]
 # A download counts in the budget from its first byte, so a process killed mid-download (a
@@ -69,9 +70,8 @@ RECLAIM_AFTER_S = 60.0
 # needs room, download files that no process holds and that have not been written for
 # RECLAIM_AFTER_S are deleted first (`reclaim_downloads`, under budget.lock, as downloads
 # are created, so a new one is never taken for dead before its lock).
-"""A download in progress, counted in the budget; other temporary files (a record being
-written) are not: counted, a record's brief temporary file took a store filled to its budget
-233 bytes past it."""
+RECLAIM_AFTER_S = 60.0
+"""Seconds a download file must have gone unwritten before it may be reclaimed."""
 
 
 def file_checksum(fd: int, size: int) -> str:

@@ -165,19 +165,24 @@ class CachedShards:
         except ShardBusyError:
             return origin(file, offset, length)
 
+    @property
+    def room(self) -> int:
+        """Files of the largest size the store's budget holds."""
+        return self.store.budget // max(1, max(r.size for r in self.refs))
+
     def foreign_order(self, sampler: str, owner: str) -> str | None:
         """Why reading in the order of ``sampler`` (the name of a sampler of the user's own)
         costs downloads again, or None when the budget holds every file (NOTE [a sampler of
         one's own over shards]); ``owner`` names the dataset class."""
-        largest = max(r.size for r in self.refs)
-        room = self.store.budget // max(1, largest)
-        total = sum(r.size for r in self.refs)
+        room = self.room
         if room >= len(self.refs):
             return None
+        total = sum(r.size for r in self.refs)
         return (
-            f"{owner} is read in the order of the {sampler} given to the DataLoader, not in "
-            f"fastload's shard-aware one (shuffle_window={self.shuffle_window} files at a "
-            f"time), so no file is downloaded ahead, and the shard budget of "
+            f"{owner} ({self.refs[0].url} ...) is read in the order of the {sampler} given to "
+            f"the DataLoader, not in fastload's shard-aware one (shuffle_window="
+            f"{self.shuffle_window} files at a time), so no file is downloaded ahead, and the "
+            "shard budget of "
             f"{self.store.budget} bytes holds {room} of its {len(self.refs)} files: an order "
             "that draws each batch from many files evicts files it comes back to and downloads "
             "them again within the epoch. Pass shuffle=True and no sampler (under "
@@ -195,9 +200,8 @@ class CachedShards:
         unique, first = np.unique(files, return_index=True)
         last = len(files) - 1 - np.unique(files[::-1], return_index=True)[1]
         by_use = np.argsort(first)
-        largest = max(r.size for r in self.refs)
-        room = self.store.budget // max(1, largest) - self.shuffle_window
         ahead = ShardAhead(self.store, fs, [self.refs[int(f)] for f in unique[by_use]],
                            first[by_use].tolist(), last_use=last[by_use].tolist(),
-                           ahead=max(1, min(AHEAD_MAX, room)), start=start)
+                           ahead=max(1, min(AHEAD_MAX, self.room - self.shuffle_window)),
+                           start=start)
         return ahead.start()

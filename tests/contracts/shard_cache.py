@@ -5,7 +5,8 @@ dataset over one cache directory and read every sample: each file must be downlo
 between them. :func:`ahead_in_order_within_budget` checks ``follow_epoch``: the files an
 epoch reads first are downloaded ahead, no other, as far as the budget allows, then the rest
 as the reader moves on. :func:`damage_copies` damages the local copies in a cache's
-``shards/``. :func:`wait_for` polls a condition of a background downloader, bounded.
+``shards/``; :func:`whole_downloads` counts whole-file downloads on the S3 server.
+:func:`wait_for` polls a condition of a background downloader, bounded.
 """
 
 from __future__ import annotations
@@ -92,6 +93,14 @@ def ahead_in_order_within_budget(ds: Any, file_of: Callable[[np.ndarray], np.nda
     assert gets() == [1] * files
 
 
+def whole_downloads(server: Any, urls: list[str]) -> list[int]:
+    """Whole-file downloads of each of ``urls`` that ``server`` (the S3 fixture) saw: GETs
+    from byte 0 (a sample's range never starts there: a tar member's header, Parquet's magic
+    come first)."""
+    return [sum(r.startswith("bytes=0-") for r in server.get_ranges(u.removeprefix("s3://")))
+            for u in urls]
+
+
 def one_download_each(server: Any, urls: list[str], store: Any, backend: str) -> None:
     """The GETs ``server`` (the S3 fixture) saw of each of ``urls`` over a cold epoch.
 
@@ -102,7 +111,7 @@ def one_download_each(server: Any, urls: list[str], store: Any, backend: str) ->
     threads engine they are the store's ``around``; torch's workers count theirs in their own
     stores (a worker reads a batch's row groups in threads), out of this process's sight."""
     ranges = [server.get_ranges(u.removeprefix("s3://")) for u in urls]
-    downloads = [sum(r.startswith("bytes=0-") for r in rs) for rs in ranges]
+    downloads = whole_downloads(server, urls)
     assert downloads == [1] * len(ranges), downloads
     if backend == "torch":
         return
