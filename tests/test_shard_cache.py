@@ -136,7 +136,7 @@ def small_shards(s3_options, jpeg_root, tmp_path_factory) -> list[str]:
 
 @pytest.mark.parametrize("backend", ["threads", "torch"])
 def test_fastloads_order_downloads_each_shard_once_an_epoch_through_a_small_budget(
-        backend, small_shards, s3_options, s3_server, tmp_path):
+        backend, small_shards, s3_options, s3_server, tmp_path, caplog):
     # NOTE [downloads ahead are held until read]: a shard downloaded ahead was evicted by
     # the next download before its reader came, and downloaded again (31 downloads of 20
     # shards with room for 8); on threads every budget the dataset accepts now reads each
@@ -148,8 +148,11 @@ def test_fastloads_order_downloads_each_shard_once_an_epoch_through_a_small_budg
     # ahead of those the loop has taken while the window before is still held, and one that
     # needs room lets go of its own oldest shards, or downloads beyond the budget (with a
     # warning): there each sample is read, but a shard may come twice and the budget be
-    # passed by a shard for a while (how often depends on the workers' timing).
+    # passed by a shard for a while (how often depends on the workers' timing). The loader
+    # says so once below 2 x 4 + 1 files (NOTE [torch workers at a window's end]).
+    caplog.set_level(logging.WARNING, logger="fastload")
     for room in (5, 6, 7, 8, 9):
+        caplog.clear()
         budget = room * max(sizes)
         ds = remote_ds(small_shards, s3_options,
                        {"disk": str(tmp_path / f"cache-{room}"), "shard_budget": budget})
@@ -163,6 +166,18 @@ def test_fastloads_order_downloads_each_shard_once_an_epoch_through_a_small_budg
         if backend == "threads":
             assert whole_downloads(s3_server, small_shards) == [1] * len(small_shards), room
             assert ds.shard_store.files.used() <= budget
+        labels = [y for _, ys in loader for y in ys.tolist()]  # the dataset warns once
+        assert sorted(labels) == expected
+        warned = [r.getMessage() for r in caplog.records if "torch worker processes" in r.getMessage()]
+        if backend == "threads":
+            assert warned == []
+        elif room < 9:
+            assert len(warned) == 1, (room, warned)
+            assert ("is read by 2 torch worker processes" in warned[0]
+                    and f"shard budget of {budget} bytes holds {room}" in warned[0]
+                    and f"Raise shard_budget to at least {9 * max(sizes)} bytes" in warned[0])
+        else:
+            assert warned == [], room
 
 
 def test_a_sampler_of_ones_own_that_thrashes_the_budget_is_named_once(

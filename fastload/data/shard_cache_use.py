@@ -50,6 +50,22 @@ once per dataset (:meth:`CachedShards.foreign_order`, with the budget's figures 
 ways out); a ``SequentialSampler`` (the storage order) and fastload's own samplers, bare or
 inside a framework's wrappers, are not warned about.
 
+NOTE [torch workers at a window's end]
+Torch's workers read ``num_workers x prefetch_factor`` batches ahead of the batch the loop
+has taken, and the files downloaded ahead are held until the loop has passed their last
+sample (NOTE [downloads ahead are held until read]). At the end of a shuffle window the
+workers are already reading the next window, whose samples come from all of its files,
+while the loop still holds the last window's: ``2 x shuffle_window + 1`` files at once with
+the one downloaded ahead. A budget below that lets a worker that needs room evict a file the
+other worker has yet to read (a file a worker downloaded itself is pinned only while that
+worker keeps it open), which is then downloaded again: ``benchmarks/shard_budget.py``
+counted 1.10-1.25 downloads per file on two workers through budgets of 5-8 files (window
+4), 1.00 at 9 and 10, and 1.00 at every budget on the threads engine (its reads and the
+holds are in one process). So a loader that runs a sharded dataset on torch workers
+through such a budget says so once per dataset, with the budget that avoids it
+(:meth:`CachedShards.workers_ahead`); the dataset itself accepts ``shuffle_window + 1``
+files, since it does not know its engine.
+
 Without a disk tier (memory or Redis only), for local files, or when the store cannot be
 opened, :meth:`CachedShards.open` gives None and the dataset reads ranges, cached as entries
 (:func:`cached_range`, :func:`store_range`) where it has a cache.
@@ -188,6 +204,26 @@ class CachedShards:
             "them again within the epoch. Pass shuffle=True and no sampler (under "
             "torch.distributed fastload splits the files between ranks itself), or raise "
             f"shard_budget to {total} bytes"
+        )
+
+    def workers_ahead(self, workers: int, owner: str) -> str | None:
+        """Why ``workers`` torch worker processes download some files twice an epoch through
+        this budget, or None when it holds the files they read at once (NOTE [torch workers
+        at a window's end]); ``owner`` names the dataset class."""
+        need = min(2 * self.shuffle_window + 1, len(self.refs))
+        room = self.room
+        if workers < 1 or room >= need:
+            return None
+        largest = max(r.size for r in self.refs)
+        return (
+            f"{owner} ({self.refs[0].url} ...) is read by {workers} torch worker processes, "
+            "which read batches ahead of the training loop: at the end of each shuffle window "
+            f"of {self.shuffle_window} files they read the next window's files while the last "
+            f"one's are still in use, up to {need} files at once with the one downloaded ahead, "
+            f"and the shard budget of {self.store.budget} bytes holds {room}: some files are "
+            "downloaded twice an epoch. Raise shard_budget to at least "
+            f"{need * largest} bytes, lower shuffle_window, or pass backend='threads' (its "
+            "reads keep to this budget and download each file once)"
         )
 
     def follow(self, fs: Any, files: np.ndarray, start: int = 0) -> ShardAhead | None:

@@ -60,6 +60,7 @@ class ShardedImages(DeclaredImages):
     _order: ShardOrder
     _shards: Any  # shard_cache_use.CachedShards, or None
     _order_warned = False  # check_order said it once
+    _workers_warned = False  # check_workers said it once
 
     def _url_to_fs(self, url: str) -> tuple[Any, str]:
         return fsspec.core.url_to_fs(url, **with_timeouts(url, self.storage_options))
@@ -101,6 +102,17 @@ class ShardedImages(DeclaredImages):
         why = self._shards.foreign_order(sampler, type(self).__name__)
         if why is not None:
             self._order_warned = True
+            logger.warning("%s", why)
+
+    def check_workers(self, workers: int) -> None:
+        """Warn once when ``workers`` torch worker processes read this dataset through a shard
+        budget that makes them download some files twice an epoch (NOTE [torch workers at a
+        window's end] in :mod:`fastload.data.shard_cache_use`); the loader calls it."""
+        if self._shards is None or self._workers_warned:
+            return
+        why = self._shards.workers_ahead(workers, type(self).__name__)
+        if why is not None:
+            self._workers_warned = True
             logger.warning("%s", why)
 
     def revalidate(self) -> int:

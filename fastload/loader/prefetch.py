@@ -23,6 +23,7 @@ from fastload.cache.prefetcher import Prefetcher
 from fastload.cache.tiered import TieredCache
 from fastload.data.index import DatasetIndex
 from fastload.data.sampling import EpochSampler
+from fastload.data.sharded import ShardedImages
 
 if TYPE_CHECKING:
     from fastload.loader.dataloader import DataLoader
@@ -49,6 +50,8 @@ def follow_loader(loader: DataLoader, source: Iterator[Any], *, start_batch: int
     batch = loader.batch_size
     follow_epoch = getattr(dataset, "follow_epoch", None)  # sharded: whole files ahead
     if follow_epoch is not None and isinstance(sampler, EpochSampler) and batch:
+        if isinstance(dataset, ShardedImages) and loader.backend == "torch":
+            dataset.check_workers(loader.num_workers)  # NOTE [torch workers at a window's end]
         ahead = follow_epoch(sampler.indices(), start=start_batch * batch)
         if ahead is None:
             return source
