@@ -162,6 +162,40 @@ def take_lock(fd: int, mode: int, timeout: float) -> bool:
             pause = min(pause * 2, 0.05)
 
 
+def lock_to_fill(fd: int, timeout: float, filled: Callable[[], bool]) -> bool | None:
+    """``flock(fd, LOCK_EX)`` to fill what the lock guards, within ``timeout`` seconds, unless
+    another process fills it meanwhile: between tries the lock is taken shared for a moment and
+    ``filled()`` asked. True: held exclusively; False: filled by another (nothing held); None:
+    neither within ``timeout``.
+
+    NOTE [waiting for another's download]
+    Two processes that find a shard missing (the shard store, :mod:`.shardstore`) both let go
+    of its lock and wait for it exclusively; the one that gets it downloads the shard and goes
+    on reading it, holding the lock shared. The other's plain wait for the exclusive lock
+    could then never succeed while the first read on: it ran out ``lock_timeout`` (60 s) and
+    read from the origin. Two torch workers through a small shard budget stalled so for 60 s
+    in one epoch of several (tests/test_shard_cache.py's budget test, second epochs). So the
+    waiter also looks, shared, whether the shard has become whole, and reads it if so. The
+    download ahead's own brief wait (``ShardStore.ensure``) does the same; when its wait runs
+    out it says "busy" (it said "hit", of a shard it had not seen whole, and the downloader
+    ahead counted it as held when the store held nothing)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if take_lock(fd, fcntl.LOCK_EX, min(_FILL_POLL_S, max(0.0, deadline - time.monotonic()))):
+            return True
+        if take_lock(fd, fcntl.LOCK_SH, 0):  # readers only: is it there now?
+            try:
+                if filled():
+                    return False
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        if time.monotonic() >= deadline:
+            return None
+
+
+_FILL_POLL_S = 0.05
+
+
 def close_all(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):

@@ -71,8 +71,9 @@ class ShardAhead(Ahead):
         start: the reader's first sample position (a resumed epoch).
 
     Attributes:
-        fetched, hits, failed: outcomes so far (a failed download is left to the reader,
-        which downloads again or raises the error naming its sample).
+        fetched, hits, failed: outcomes so far (a hit is a shard already there, or one
+        another process held past the waits, not held then; a failed download is left to the
+        reader, which downloads again or raises the error naming its sample).
     """
 
     thread_name = "fastload-shard-ahead"
@@ -138,14 +139,15 @@ class ShardAhead(Ahead):
                     break
                 if outcome != "no room":
                     with self._cond:
-                        if outcome == "hit":
+                        if outcome in ("hit", "busy"):  # busy: another process has it, not held
                             self.hits += 1
                         else:
                             self.fetched += 1
-                        if self._stopped or self.last_use[k] < self._consumed:
-                            self.store.release_hold(self.refs[k])
-                        else:
-                            self._held[k] = self.refs[k]
+                        if outcome != "busy":
+                            if self._stopped or self.last_use[k] < self._consumed:
+                                self.store.release_hold(self.refs[k])
+                            else:
+                                self._held[k] = self.refs[k]
                     break
                 with self._cond:  # the budget is full of shards in use: wait for the reader
                     if self._stopped:

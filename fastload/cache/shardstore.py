@@ -56,7 +56,7 @@ from fastload.cache.cachedir import CacheDir
 from fastload.cache.config import parse_size
 from fastload.cache.forks import after_fork
 from fastload.cache.keys import digest
-from fastload.cache.safefs import take_lock
+from fastload.cache.safefs import lock_to_fill, take_lock
 from fastload.cache.shardfetch import download_ranges
 from fastload.cache.shardfiles import ShardFiles, file_checksum
 from fastload.cache.shardpins import Holds, Pins, ShardPin
@@ -198,8 +198,10 @@ class ShardStore:
         with ``hold``, hold it (:meth:`release_hold`) so that no download evicts it before its
         reader comes (NOTE [downloads ahead are held until read] in :mod:`.shardahead`).
 
-        Returns "hit", "fetched", "shared" (copied from a shared tier) or "no room" (the
-        budget is taken by shards in use and ``must`` is False: nothing was downloaded)."""
+        Returns "hit", "fetched", "shared" (copied from a shared tier), "no room" (the
+        budget is taken by shards in use and ``must`` is False: nothing was downloaded) or
+        "busy" (another process held the shard past the waits, filling or reading it: it was
+        not seen whole, and is not held)."""
         d = digest(ref.key)
         with self._mutex:
             gate = self._opening.setdefault(d, threading.Lock())
@@ -208,23 +210,8 @@ class ShardStore:
                 return "hit"
             lock_fd: int | None = self.files.open_lock(d)
             try:
-                # Shared first: a shard other readers hold is there; a download of another
-                # process is waited for. Then exclusive, briefly: whoever holds it fills or reads it.
-                if not take_lock(lock_fd, fcntl.LOCK_SH, self.lock_timeout):
-                    return "hit"  # filled elsewhere for too long: its reader sees to it
-                for exclusive in (False, True):
-                    data_fd, _ = self._valid(d, ref)
-                    if data_fd is not None:
-                        os.close(data_fd)
-                        outcome = "hit"
-                        break
-                    if not exclusive:
-                        fcntl.flock(lock_fd, fcntl.LOCK_UN)
-                        if not take_lock(lock_fd, fcntl.LOCK_EX, min(1.0, self.lock_timeout)):
-                            return "hit"
-                else:
-                    outcome = self._fill(fs, ref, d, must=must)
-                if hold and outcome != "no room":
+                outcome = self._ensure_locked(fs, ref, d, lock_fd, must=must)
+                if hold and outcome in ("hit", "fetched", "shared"):
                     fcntl.flock(lock_fd, fcntl.LOCK_SH)  # from exclusive after a fill
                     self._holds.add(d, lock_fd)
                     lock_fd = None
@@ -232,6 +219,24 @@ class ShardStore:
             finally:
                 if lock_fd is not None:
                     os.close(lock_fd)
+
+    def _ensure_locked(self, fs: Any, ref: ShardRef, d: str, lock_fd: int, *, must: bool) -> str:
+        """:meth:`ensure` on the shard's lock: shared first (a shard other readers hold is
+        there; a download of another process is waited for), then exclusive, briefly, unless
+        another process fills it meanwhile (NOTE [waiting for another's download] in
+        :mod:`.safefs`). On "hit"
+        the lock is held shared, after a fill exclusively; on "busy" or "no room" as it is."""
+        if not take_lock(lock_fd, fcntl.LOCK_SH, self.lock_timeout):
+            return "busy"  # filled elsewhere for too long: its reader sees to it
+        if self._filled(d, ref):
+            return "hit"
+        fcntl.flock(lock_fd, fcntl.LOCK_UN)
+        got = lock_to_fill(lock_fd, min(1.0, self.lock_timeout), lambda: self._filled(d, ref))
+        if got is None:
+            return "busy"
+        if not got:  # another process filled it meanwhile
+            return "hit" if take_lock(lock_fd, fcntl.LOCK_SH, 0) and self._filled(d, ref) else "busy"
+        return "hit" if self._filled(d, ref) else self._fill(fs, ref, d, must=must)
 
     def release_hold(self, ref: ShardRef) -> None:
         """Let go of a shard held by :meth:`ensure` (``hold``): it may be evicted from now on
@@ -293,7 +298,10 @@ class ShardStore:
                 # Missing: another process may be downloading it, wait for it. Damaged: the
                 # processes that read it do not let go soon; the origin serves this one.
                 wait = self.lock_timeout if problem is None else min(self.lock_timeout, 1.0)
-                if not take_lock(lock_fd, fcntl.LOCK_EX, wait):
+                got = lock_to_fill(lock_fd, wait, lambda: self._filled(d, ref))
+                if got is False:
+                    continue  # another process filled it meanwhile: read it shared
+                if got is None:
                     if problem is None:
                         raise self._busy(ref, f"held by another process for over "
                                               f"{self.lock_timeout:g} s (lock_timeout)")
@@ -328,6 +336,14 @@ class ShardStore:
         if data_fd is not None:
             self._verified.add(d)
         return data_fd, problem
+
+    def _filled(self, d: str, ref: ShardRef) -> bool:
+        """Whether the shard's file is whole and checks out (call with its lock held)."""
+        data_fd, _ = self._valid(d, ref)
+        if data_fd is None:
+            return False
+        os.close(data_fd)
+        return True
 
     # -- filling ---------------------------------------------------------------------------
 
