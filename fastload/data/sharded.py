@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -59,8 +60,7 @@ class ShardedImages(DeclaredImages):
     _cache: TieredCache | None
     _order: ShardOrder
     _shards: Any  # shard_cache_use.CachedShards, or None
-    _order_warned = False  # check_order said it once
-    _workers_warned = False  # check_workers said it once
+    _warned_of: frozenset[str] = frozenset()  # what check_order / check_workers said once
 
     def _url_to_fs(self, url: str) -> tuple[Any, str]:
         return fsspec.core.url_to_fs(url, **with_timeouts(url, self.storage_options))
@@ -97,23 +97,23 @@ class ShardedImages(DeclaredImages):
         """Warn once when a loader reads this dataset in the order of a sampler of the
         user's own (named ``sampler``) that would download files again (NOTE [a sampler of
         one's own over shards] in :mod:`fastload.data.shard_cache_use`); the loader calls it."""
-        if self._shards is None or self._order_warned:
-            return
-        why = self._shards.foreign_order(sampler, type(self).__name__)
-        if why is not None:
-            self._order_warned = True
-            logger.warning("%s", why)
+        self._warn_once("order", lambda shards: shards.foreign_order(sampler, type(self).__name__))
 
     def check_workers(self, workers: int) -> None:
         """Warn once when ``workers`` torch worker processes read this dataset through a shard
         budget that makes them download some files twice an epoch (NOTE [torch workers at a
         window's end] in :mod:`fastload.data.shard_cache_use`); the loader calls it."""
-        if self._shards is None or self._workers_warned:
+        self._warn_once("workers", lambda shards: shards.workers_ahead(workers, type(self).__name__))
+
+    def _warn_once(self, what: str, why: Callable[[Any], str | None]) -> None:
+        """Log ``why(shards)`` once per dataset for ``what``: not without a shard store, nor
+        when it says None."""
+        if self._shards is None or what in self._warned_of:
             return
-        why = self._shards.workers_ahead(workers, type(self).__name__)
-        if why is not None:
-            self._workers_warned = True
-            logger.warning("%s", why)
+        message = why(self._shards)
+        if message is not None:
+            self._warned_of = self._warned_of | {what}
+            logger.warning("%s", message)
 
     def revalidate(self) -> int:
         """Check that every file is still the version the index was built from (NOTE [shards
