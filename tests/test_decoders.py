@@ -20,11 +20,11 @@ import pytest
 from PIL import Image
 
 from fastload.data import decoders
+from fastload.data.decoder_choice import choose
 from fastload.data.decoders import (
     Header,
     Unsupported,
     available,
-    choose,
     dct_scale,
     read_header,
     region_for,

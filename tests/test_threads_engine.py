@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 
 from fastload import BackendUnavailable, DataLoader, ImageFolder
-from fastload.data import decoder_memo, decoders
+from fastload.data import decoder_choice, decoders
 from fastload.data.render import Renderer
 from fastload.engines.probe import PROBE_BATCHES, TRIAL_PREFETCH, ProbeEngine
 from fastload.engines.threads import AHEAD
@@ -120,7 +120,7 @@ def test_no_worker_processes_and_the_decoder_is_measured(jpeg_root):
 
 
 def test_a_later_loader_over_jpegs_of_the_same_sizes_keeps_the_measured_decoder(jpeg_root, tmp_path):
-    decoder_memo.forget()
+    decoder_choice.forget()
     first = DataLoader(ImageFolder(jpeg_root, size=24), batch_size=8, backend="threads")
     list(first)
     assert not first.engine.decoder_reason.endswith("in this process)")

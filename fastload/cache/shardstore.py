@@ -224,8 +224,8 @@ class ShardStore:
         """:meth:`ensure` on the shard's lock: shared first (a shard other readers hold is
         there; a download of another process is waited for), then exclusive, briefly, unless
         another process fills it meanwhile (NOTE [waiting for another's download] in
-        :mod:`.safefs`). On "hit"
-        the lock is held shared, after a fill exclusively; on "busy" or "no room" as it is."""
+        :mod:`.safefs`). On "hit" the lock is held shared, after a fill exclusively; on
+        "busy" or "no room" as it is."""
         if not take_lock(lock_fd, fcntl.LOCK_SH, self.lock_timeout):
             return "busy"  # filled elsewhere for too long: its reader sees to it
         if self._filled(d, ref):

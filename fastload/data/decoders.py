@@ -13,7 +13,7 @@ Example::
     >>> denom = dct_scale(box[2] - box[0], box[3] - box[1], out_w, out_h,
     ...                   width=h.width, height=h.height)      # 2: 300x300 -> 150x150 >= 112
     >>> region, sub_box = region_for(box, h.width, h.height, denom)
-    >>> choice = choose(first_samples)                          # measured on these files
+    >>> choice = decoder_choice.choose(first_samples)           # measured on these files
     >>> try:
     ...     pixels = choice.decoder.decode(data, h, denom, region)   # (h, w, 3) uint8
     ... except Unsupported:                                          # PNG, CMYK, ...
@@ -40,12 +40,10 @@ from __future__ import annotations
 import io
 import logging
 import math
-import statistics
 import threading
-import time
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -353,78 +351,3 @@ def __getattr__(name: str) -> Any:
     if name == "DECODERS":
         return _decoders()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-@dataclass(frozen=True)
-class DecoderChoice:
-    """The decoder :func:`choose` measured fastest, why, and every measured median."""
-
-    decoder: Decoder
-    reason: str
-    ms_per_image: dict[str, float]
-
-
-def choose(
-    samples: Sequence[bytes], *, out_size: tuple[int, int] = (224, 224), budget_s: float = 0.3
-) -> DecoderChoice:
-    """Time every available decoder on these real samples; the fastest median wins.
-
-    Each decoder decodes the same region of each JPEG sample: a centre box of 70% of the
-    width and height (about RandomResizedCrop's mean area), at the scale :func:`dct_scale`
-    gives for ``out_size`` (height, width, as in ImagePipeline). Decoders take turns, one
-    sample each, until ``budget_s`` is spent (every decoder times at least one sample). A
-    decoder that raises on a sample is left out, and the reason says so.
-
-        >>> choose(samples).reason
-        'roi: 1.05 ms/image vs simplejpeg 1.48, pillow 1.62 (8 JPEGs, median of 24 ...)'
-    """
-    out_h, out_w = out_size
-    jobs = []
-    for data in samples:
-        try:
-            header = read_header(data)
-        except _DECODE_ERRORS:
-            continue
-        if header.format != "JPEG" or header.mode not in ("RGB", "L"):
-            continue
-        w, h = header.width, header.height
-        box = (0.15 * w, 0.15 * h, 0.85 * w, 0.85 * h)
-        denom = dct_scale(0.7 * w, 0.7 * h, out_w, out_h, width=w, height=h)
-        region, _ = region_for(box, w, h, denom)
-        x0, y0, x1, y1 = region
-        jobs.append((data, header, denom, region, np.empty((y1 - y0, x1 - x0, 3), np.uint8)))
-    pillow = _decoders()["pillow"]
-    if not jobs:
-        return DecoderChoice(pillow, f"pillow: no RGB or grayscale JPEG among the "
-                                     f"{len(samples)} samples", {})
-    timings: dict[str, list[float]] = {d.name: [] for d in available()}
-    running, left_out = available(), {}
-    deadline = time.perf_counter() + budget_s
-    turn = 0
-    while running and (turn < 1 or time.perf_counter() < deadline):
-        data, header, denom, region, out = jobs[turn % len(jobs)]
-        order = running[turn % len(running):] + running[: turn % len(running)]  # no fixed first
-        for decoder in order:
-            start = time.perf_counter()
-            try:
-                decoder.decode(data, header, denom, region, out)
-            except (Unsupported, *_DECODE_ERRORS) as exc:
-                left_out[decoder.name] = f"{type(exc).__name__}: {exc}"
-                running.remove(decoder)
-                del timings[decoder.name]
-                continue
-            timings[decoder.name].append(time.perf_counter() - start)
-        turn += 1
-    ms = {name: 1000 * statistics.median(t) for name, t in timings.items()}
-    ranked = sorted(ms, key=ms.__getitem__)
-    best = _decoders()[ranked[0]] if ranked else pillow  # all failed: Pillow still is the fallback
-    others = ", ".join(f"{n} {ms[n]:.2f}" for n in ranked[1:])
-    denoms = "/".join(str(d) for d in sorted({job[2] for job in jobs}))
-    reason = (f"{best.name}: {ms[best.name]:.2f} ms/image" + (f" vs {others}" if others else "")
-              if ranked else "pillow: every decoder failed")
-    reason += (f" ({len(jobs)} JPEGs, median of {turn} decodes each, centre 70% crop at "
-               f"1/{denoms} for {out_w}x{out_h})")
-    if left_out:
-        reason += "; left out: " + "; ".join(f"{n} ({why})" for n, why in left_out.items())
-    logger.debug("decoder choice: %s", reason)
-    return DecoderChoice(best, reason, ms)

@@ -53,7 +53,7 @@ class Renderer:
 
     Args:
         pipeline: the dataset's pipeline; its geometry only (Normalize runs on the batch).
-        decoder: the decoder for JPEGs (chosen by measurement, :func:`decoders.choose`);
+        decoder: the decoder for JPEGs (chosen by measurement, :func:`fastload.data.decoder_choice.choose`);
             anything it cannot decode goes to Pillow.
     """
 

@@ -59,9 +59,9 @@ while the loop still holds the last window's: ``2 x shuffle_window + 1`` files a
 the one downloaded ahead. A budget below that lets a worker that needs room evict a file the
 other worker has yet to read (a file a worker downloaded itself is pinned only while that
 worker keeps it open), which is then downloaded again: ``benchmarks/shard_budget.py``
-counted 1.10-1.25 downloads per file on two workers through budgets of 5-8 files (window
-4), 1.00 at 9 and 10, and 1.00 at every budget on the threads engine (its reads and the
-holds are in one process). So a loader that runs a sharded dataset on torch workers
+counted 1.00-1.40 downloads per file on two workers through budgets of 5-8 files (window
+4; three runs, how the workers race varies), 1.00 at 9 and 10 in every run, and 1.00 at
+every budget on the threads engine (its reads and the holds are in one process). So a loader that runs a sharded dataset on torch workers
 through such a budget says so once per dataset, with the budget that avoids it
 (:meth:`CachedShards.workers_ahead`); the dataset itself accepts ``shuffle_window + 1``
 files, since it does not know its engine.

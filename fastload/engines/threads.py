@@ -54,7 +54,7 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
-from fastload.data import batchinfo, decoder_memo, decoders
+from fastload.data import batchinfo, decoder_choice, decoders
 from fastload.data.declared import DeclaredImages
 from fastload.data.render import Renderer
 from fastload.data.sample_errors import DECODE_ERRORS
@@ -166,7 +166,7 @@ class ThreadEngine(Engine):
             return
         size = self.dataset.pipeline.output_size or (224, 224)
         try:
-            choice = decoder_memo.choose_once(data, out_size=size)
+            choice = decoder_choice.choose_once(data, out_size=size)
         except Exception as exc:  # no JPEG among them, or every one refused them
             logger.debug("decoder choice fell back to Pillow: %s", exc)
             self._use(decoders.DECODERS["pillow"], f"pillow: the measurement did not run ({exc})")
