@@ -9,7 +9,10 @@ a user would pass instead (a seeded ``RandomSampler``, a ``DistributedSampler``;
 sampler of one's own over shards]), on the threads engine and on --workers torch workers.
 It prints the shards downloaded whole (GETs from byte 0, counted by the server) per shard
 of the dataset: 1.00 is each shard once. A count, not a timing: the machine's load changes
-how the workers race, not what is counted on threads.
+how the workers race, not what is counted on threads. For fastload's order it also prints the
+most bytes the shard files took on disk during the epoch (looked at every 10 ms), in shards of
+the largest size, against the budget's room: a budget is the disk's, and readers that find it
+full of shards in use download beyond it (NOTE [torch workers at a window's end]).
 
     python benchmarks/shard_budget.py
     python benchmarks/shard_budget.py --shards 40 --rooms 5 9 20
@@ -24,6 +27,7 @@ import os
 import sys
 import tarfile
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +55,31 @@ def write_shards(out: Path, shards: int, per_shard: int) -> None:
                     member = tarfile.TarInfo(f"s{s:03d}_{i:04d}.{ext}")
                     member.size = len(data)
                     tar.addfile(member, io.BytesIO(data))
+
+
+class PeakUse:
+    """The most bytes a shard store's files take while it runs, looked at every 10 ms."""
+
+    def __init__(self, store) -> None:
+        self.store, self.peak = store, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> PeakUse:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._look()
+
+    def _look(self) -> None:
+        self.peak = max(self.peak, self.store.files.used())
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.01):
+            self._look()
 
 
 def main() -> None:
@@ -84,6 +113,7 @@ def main() -> None:
               f"{args.batch_size}, shuffle_window 4: whole-shard downloads in one epoch per "
               "shard (1.00: each once)")
         print(f"{'engine':<10}{'order':<20}" + "".join(f"{f'room {r}':>9}" for r in args.rooms))
+        peaks: dict[str, list[float]] = {}
         for engine, workers in (("threads", 0), ("torch", args.workers)):
             for name, order in orders.items():
                 row = []
@@ -94,12 +124,19 @@ def main() -> None:
                     server.reset_counts()
                     loader = DataLoader(ds, batch_size=args.batch_size, backend=engine,
                                         num_workers=workers, **order(ds))
-                    seen = sum(len(y) for _, y in loader)
+                    with PeakUse(ds.shard_store) as use:
+                        seen = sum(len(y) for _, y in loader)
+                    if name == "shuffle=True":
+                        peaks.setdefault(engine, []).append(use.peak / largest)
                     if seen != len(ds):
                         raise RuntimeError(f"{engine} {name} room {room}: {seen} of {len(ds)} samples")
                     whole = sum(whole_downloads(server, urls))
                     row.append(whole / len(urls))
                 print(f"{engine:<10}{name:<20}" + "".join(f"{x:>9.2f}" for x in row))
+        print("shard files on disk at most during the epoch, in shards (shuffle=True; the "
+              "budget's room above each column):")
+        for engine, row in peaks.items():
+            print(f"{engine:<10}{'shuffle=True':<20}" + "".join(f"{x:>9.1f}" for x in row))
     finally:
         server.stop()
 

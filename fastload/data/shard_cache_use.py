@@ -61,7 +61,12 @@ other worker has yet to read (a file a worker downloaded itself is pinned only w
 worker keeps it open), which is then downloaded again: ``benchmarks/shard_budget.py``
 counted 1.00-1.40 downloads per file on two workers through budgets of 5-8 files (window
 4; three runs, how the workers race varies), 1.00 at 9 and 10 in every run, and 1.00 at
-every budget on the threads engine (its reads and the holds are in one process). So a loader that runs a sharded dataset on torch workers
+every budget on the threads engine (its reads and the holds are in one process); the
+files on disk peaked 1-2 past the budget (7-9 at budgets of 5-8, sampled every 10 ms), as
+the workers download what they need beyond a full budget. Downloading ahead from the
+workers' position instead of the loop's (the batches in flight) was tried: 1.00-1.05
+downloads per file at budgets of 5-8, but 9-11 files on disk, and 1-2 past budgets of 9-10
+where the loop's position keeps to them; not kept, since the budget is the disk's. So a loader that runs a sharded dataset on torch workers
 through such a budget says so once per dataset, with the budget that avoids it
 (:meth:`CachedShards.workers_ahead`); the dataset itself accepts ``shuffle_window + 1``
 files, since it does not know its engine.
@@ -221,7 +226,8 @@ class CachedShards:
             f"of {self.shuffle_window} files they read the next window's files while the last "
             f"one's are still in use, up to {need} files at once with the one downloaded ahead, "
             f"and the shard budget of {self.store.budget} bytes holds {room}: some files are "
-            "downloaded twice an epoch. Raise shard_budget to at least "
+            "downloaded twice an epoch, and the budget is passed by a file or two. Raise "
+            "shard_budget to at least "
             f"{need * largest} bytes, lower shuffle_window, or pass backend='threads' (its "
             "reads keep to this budget and download each file once)"
         )
