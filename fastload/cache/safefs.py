@@ -162,6 +162,10 @@ def take_lock(fd: int, mode: int, timeout: float) -> bool:
             pause = min(pause * 2, 0.05)
 
 
+_FILL_POLL_S = 0.05
+"""Seconds each try for the exclusive lock lasts in :func:`lock_to_fill`, between its looks."""
+
+
 def lock_to_fill(fd: int, timeout: float, filled: Callable[[], bool]) -> bool | None:
     """``flock(fd, LOCK_EX)`` to fill what the lock guards, within ``timeout`` seconds, unless
     another process fills it meanwhile: between tries the lock is taken shared for a moment and
@@ -191,9 +195,6 @@ def lock_to_fill(fd: int, timeout: float, filled: Callable[[], bool]) -> bool | 
                 fcntl.flock(fd, fcntl.LOCK_UN)
         if time.monotonic() >= deadline:
             return None
-
-
-_FILL_POLL_S = 0.05
 
 
 def close_all(fds: list[int]) -> None:

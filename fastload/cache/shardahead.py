@@ -26,9 +26,9 @@ must) and holds it, or waits for the reader's download and holds that.
 
 ``benchmarks/shard_budget.py`` (20 shards of 40 JPEGs, budgets of 5-10 shards, one epoch in
 fastload's order) counts whole-shard downloads per shard: 1.00-1.50 on threads and 1.15-2.05
-on two torch workers before, 1.00 at every budget on threads now, 1.00-1.25 on the workers
-(they read batches ahead of those the loop has taken while the window before is still held,
-and a worker that needs room lets go of its own oldest shards, as before).
+on two torch workers before, 1.00 at every budget on threads now; on the workers 1.00 from
+``2 x shuffle_window + 1`` shards and 1.00-1.40 below (NOTE [torch workers at a window's
+end] in :mod:`fastload.data.shard_cache_use`).
 tests/test_shard_cache.py counts them on threads; on workers it checks every sample is read.
 
 Example::

@@ -44,7 +44,6 @@ from fastload.arguments import (
     check_size,
 )
 from fastload.cache import TieredCache, open_cache
-from fastload.cache.shardahead import ShardAhead
 from fastload.data import batchinfo
 from fastload.data.declared import OnError
 from fastload.data.folder_args import check_callables, check_steps, decode_steps
@@ -271,14 +270,8 @@ class ParquetImages(ShardedImages):
                           "since it was indexed? build the ParquetImages again)")
         return data
 
-    def follow_epoch(self, order: Sequence[int], start: int = 0) -> ShardAhead | None:
-        """Download the files of an epoch read in ``order`` ahead of need, in the order the
-        epoch first reads them (NOTE [a dataset on the shard store]); the loader calls it with
-        its rank's order. None without a shard store (no disk cache, local files)."""
-        if self._shards is None:
-            return None
-        groups = self.index.groups[np.asarray(order, dtype=np.int64)]
-        return self._shards.follow(self.fs, self.index.group_file[groups], start)
+    def _files_of(self, samples: np.ndarray) -> np.ndarray:
+        return self.index.group_file[self.index.groups[samples]]
 
     def _load_group(self, group: int) -> Any:
         file = int(self.index.group_file[group])

@@ -66,10 +66,10 @@ files on disk peaked 1-2 past the budget (7-9 at budgets of 5-8, sampled every 1
 the workers download what they need beyond a full budget. Downloading ahead from the
 workers' position instead of the loop's (the batches in flight) was tried: 1.00-1.05
 downloads per file at budgets of 5-8, but 9-11 files on disk, and 1-2 past budgets of 9-10
-where the loop's position keeps to them; not kept, since the budget is the disk's. So a loader that runs a sharded dataset on torch workers
-through such a budget says so once per dataset, with the budget that avoids it
-(:meth:`CachedShards.workers_ahead`); the dataset itself accepts ``shuffle_window + 1``
-files, since it does not know its engine.
+where the loop's position keeps to them; not kept, since the budget is the disk's. So a
+loader that runs a sharded dataset on torch workers through such a budget says so once per
+dataset, with the budget that avoids it (:meth:`CachedShards.workers_ahead`); the dataset
+itself accepts ``shuffle_window + 1`` files, since it does not know its engine.
 
 Without a disk tier (memory or Redis only), for local files, or when the store cannot be
 opened, :meth:`CachedShards.open` gives None and the dataset reads ranges, cached as entries
@@ -187,9 +187,14 @@ class CachedShards:
             return origin(file, offset, length)
 
     @property
+    def largest(self) -> int:
+        """The largest file's size, in bytes."""
+        return max(r.size for r in self.refs)
+
+    @property
     def room(self) -> int:
         """Files of the largest size the store's budget holds."""
-        return self.store.budget // max(1, max(r.size for r in self.refs))
+        return self.store.budget // max(1, self.largest)
 
     def foreign_order(self, sampler: str, owner: str) -> str | None:
         """Why reading in the order of ``sampler`` (the name of a sampler of the user's own)
@@ -219,7 +224,6 @@ class CachedShards:
         room = self.room
         if workers < 1 or room >= need:
             return None
-        largest = max(r.size for r in self.refs)
         return (
             f"{owner} ({self.refs[0].url} ...) is read by {workers} torch worker processes, "
             "which read batches ahead of the training loop: at the end of each shuffle window "
@@ -228,7 +232,7 @@ class CachedShards:
             f"and the shard budget of {self.store.budget} bytes holds {room}: some files are "
             "downloaded twice an epoch, and the budget is passed by a file or two. Raise "
             "shard_budget to at least "
-            f"{need * largest} bytes, lower shuffle_window, or pass backend='threads' (its "
+            f"{need * self.largest} bytes, lower shuffle_window, or pass backend='threads' (its "
             "reads keep to this budget and download each file once)"
         )
 

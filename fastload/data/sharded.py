@@ -6,7 +6,8 @@ filesystem, indexed once (``index``: labels, per-file versions), read in a shard
 (``_order``: NOTE [shard-aware order]) and, when remote with a disk cache, through the
 cache's shard store (``_shards``: NOTE [the shard store]). A subclass sets ``urls``,
 ``storage_options``, ``paths``, ``index``, ``local``, ``_cache``, ``_order`` and ``_shards``
-in its ``__init__``, and keeps its own filesystem per process (``fs``).
+in its ``__init__``, keeps its own filesystem per process (``fs``) and says which file a
+sample lies in (``_files_of``, for :meth:`ShardedImages.follow_epoch`).
 
 NOTE [shards are checked every epoch]
 A sample is a byte range of its file at the version the index recorded. A file rewritten at
@@ -27,7 +28,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -35,6 +36,7 @@ import fsspec
 import numpy as np
 
 from fastload.cache import TieredCache
+from fastload.cache.shardahead import ShardAhead
 from fastload.cache.shardsource import check_version
 from fastload.cache.shardstore import ShardRef, ShardStore
 from fastload.data.declared import DeclaredImages
@@ -61,6 +63,8 @@ class ShardedImages(DeclaredImages):
     _order: ShardOrder
     _shards: Any  # shard_cache_use.CachedShards, or None
     _warned_of: frozenset[str] = frozenset()  # what check_order / check_workers said once
+
+    fs: Any  # each subclass keeps one per process
 
     def _url_to_fs(self, url: str) -> tuple[Any, str]:
         return fsspec.core.url_to_fs(url, **with_timeouts(url, self.storage_options))
@@ -93,6 +97,18 @@ class ShardedImages(DeclaredImages):
     def label(self, index: int) -> int:
         return int(self.index.labels[int(index)])
 
+    def follow_epoch(self, order: Sequence[int], start: int = 0) -> ShardAhead | None:
+        """Download the files of an epoch read in ``order`` ahead of need, in the order the
+        epoch first reads them (NOTE [a dataset on the shard store]); the loader calls it with
+        its rank's order. None without a shard store (no disk cache, local files)."""
+        if self._shards is None:
+            return None
+        return self._shards.follow(self.fs, self._files_of(np.asarray(order, dtype=np.int64)), start)
+
+    def _files_of(self, samples: np.ndarray) -> np.ndarray:
+        """The file each of ``samples`` lies in (a subclass's index knows)."""
+        raise NotImplementedError
+
     def check_order(self, sampler: str) -> None:
         """Warn once when a loader reads this dataset in the order of a sampler of the
         user's own (named ``sampler``) that would download files again (NOTE [a sampler of
@@ -124,7 +140,7 @@ class ShardedImages(DeclaredImages):
             >>> ds.revalidate()     # after train-003.tar was rewritten at the origin
             ShardChangedError: s3://b/train-003.tar changed at the origin since it was indexed ...
         """
-        fs = self.fs  # type: ignore[attr-defined]  # each subclass keeps one per process
+        fs = self.fs
         refs = [ShardRef(u, p, v, -1) for u, p, v in zip(self.urls, self.paths, self.index.versions)]
 
         def check(ref: ShardRef) -> None:

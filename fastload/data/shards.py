@@ -36,7 +36,6 @@ from fastload.arguments import (
     check_size,
 )
 from fastload.cache import TieredCache, open_cache
-from fastload.cache.shardahead import ShardAhead
 from fastload.data import batchinfo
 from fastload.data.declared import OnError
 from fastload.data.folder_args import check_callables, check_steps, decode_steps
@@ -212,13 +211,8 @@ class TarShards(ShardedImages):
         shard, _, offset, length = self._where(index)
         return self._shards.read(self.fs, shard, offset, length, lambda *_: self._origin(index))
 
-    def follow_epoch(self, order: Sequence[int], start: int = 0) -> ShardAhead | None:
-        """Download the shards of an epoch read in ``order`` ahead of need (NOTE [a dataset on
-        the shard store]); the loader calls it with its rank's order. None without a shard store."""
-        if self._shards is None:
-            return None
-        return self._shards.follow(self.fs, self.index.shards[np.asarray(order, dtype=np.int64)],
-                                   start)
+    def _files_of(self, samples: np.ndarray) -> np.ndarray:
+        return self.index.shards[samples]
 
     def read_bytes(self, index: int) -> bytes:
         """The encoded bytes of sample ``index``: a read of the local copy of its shard (a

@@ -48,11 +48,10 @@ def follow_loader(loader: DataLoader, source: Iterator[Any], *, start_batch: int
     cache = getattr(dataset, "cache", None)  # ImageFolder.cache
     sampler = loader.epoch_sampler
     batch = loader.batch_size
-    follow_epoch = getattr(dataset, "follow_epoch", None)  # sharded: whole files ahead
-    if follow_epoch is not None and isinstance(sampler, EpochSampler) and batch:
-        if isinstance(dataset, ShardedImages) and loader.backend == "torch":
+    if isinstance(dataset, ShardedImages) and isinstance(sampler, EpochSampler) and batch:
+        if loader.backend == "torch":  # sharded: whole files ahead
             dataset.check_workers(loader.num_workers)  # NOTE [torch workers at a window's end]
-        ahead = follow_epoch(sampler.indices(), start=start_batch * batch)
+        ahead = dataset.follow_epoch(sampler.indices(), start=start_batch * batch)
         if ahead is None:
             return source
         _running[loader] = ahead
