@@ -6,8 +6,10 @@ two cache directories through a real Redis."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,6 +23,7 @@ from tests.contracts.shard_cache import (
     damage_copies,
     one_download_each,
     two_processes_download_once,
+    whole_downloads,
 )
 from tests.fixtures.s3 import upload_folder
 from tests.test_parquet import write_hf
@@ -156,6 +159,53 @@ def test_files_are_downloaded_ahead_in_the_epoch_order_within_the_budget(
     s3_server.reset_counts()
     ahead_in_order_within_budget(ds, lambda order: ds.index.group_file[ds.index.groups[order]],
                                  lambda: file_gets(s3_server, remote), ahead=1)
+
+
+@pytest.fixture(scope="module")
+def small_files(s3_options, jpeg_root: Path, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The 48 images as 8 remote files of 6 rows in 3 row groups each."""
+    out = tmp_path_factory.mktemp("parquet-small")
+    write_hf(jpeg_root, out, per_file=6, group=2)
+    root = upload_folder(s3_options, out, f"s3://{BUCKET}/small")
+    return [f"{root}/{p.name}" for p in sorted(out.glob("*.parquet"))]
+
+
+def test_an_epoch_through_a_small_budget_downloads_each_file_once(
+        small_files, s3_options, s3_server, tmp_path, caplog):
+    # NOTE [row groups of files]: row groups shuffled as shards spread each file over the
+    # whole epoch: through a budget of 3 of the 8 files, files were downloaded 1-3 times
+    # each; files are now read shuffle_window at a time.
+    uncached = remote_ds(small_files, s3_options, None, shuffle_window=2)
+    assert uncached.index.group_sizes().tolist() == [2] * 24
+    budget = 3 * max(uncached.index.sizes)  # the least accepted: the window (2) + 1
+    ds = remote_ds(small_files, s3_options, {"disk": str(tmp_path / "cache"),
+                                             "shard_budget": budget}, shuffle_window=2)
+    caplog.set_level(logging.WARNING, logger="fastload")
+    s3_server.reset_counts()
+    loader = DataLoader(ds, batch_size=2, shuffle=True, backend="threads")
+    labels = [y for _, ys in loader for y in ys.tolist()]
+    assert sorted(labels) == sorted(uncached.targets.tolist())
+    assert whole_downloads(s3_server, small_files) == [1] * len(small_files)
+    assert ds.shard_store.files.used() <= budget and ds.shard_store.evicted >= 5
+    assert not [r for r in caplog.records if "beyond it" in r.getMessage()]
+
+
+def test_an_epoch_reads_files_a_window_at_a_time(small_files, s3_options):
+    ds = remote_ds(small_files, s3_options, None, shuffle_window=2)
+    order = np.asarray(ds.epoch_order.permutation(5, 1, shuffle=True, num_replicas=1))
+    files = ds.index.group_file[ds.index.groups[order]]
+    first = {f: int(np.flatnonzero(files == f)[0]) for f in range(8)}
+    last = {f: int(np.flatnonzero(files == f)[-1]) for f in range(8)}
+    at_once = [sum(first[f] <= p <= last[f] for f in range(8)) for p in range(len(order))]
+    assert max(at_once) == 2  # the window's two files, never more
+    # Each window of 2 groups mixes 2 files, but the first (the second file joins a round
+    # after the first, so that files end one at a time: the reader needs one new file at a
+    # time, not a window's worth) and the last (one file left).
+    mixed = [len(set(files[w: w + 4].tolist())) for w in range(0, len(order), 4)]
+    assert mixed[0] == 1 and set(mixed[1:-1]) == {2}
+    assert sorted(order.tolist()) == list(range(48))
+    ends = sorted(last.values())
+    assert all(b - a >= 4 for a, b in zip(ends, ends[1:]))  # a group or more apart
 
 
 def test_a_cache_without_a_disk_tier_and_local_files_keep_their_reads(

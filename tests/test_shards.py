@@ -178,6 +178,28 @@ def test_shard_order_is_seeded_and_each_rank_reads_whole_shards():
         assert all(len({i // 25 for i in share[w:w + 50]}) == 2 for w in (0, 50))
 
 
+def test_shard_order_reads_files_of_several_shards_a_window_at_a_time():
+    # NOTE [row groups of files]: 30 shards (Parquet's row groups) of 10 samples in 9 files
+    # of 1-6 shards; window 3
+    files = [0, 0, 0, 1, 2, 2, 2, 2, 2, 2, 3, 3, 4, 4, 4, 5, 6, 6, 6, 6, 7, 7, 7, 8, 8, 8, 8, 8,
+             1, 5]
+    order = ShardOrder([10] * 30, window=3, files=files)
+    a = order.permutation(3, 1, shuffle=True, num_replicas=1)
+    assert a == order.permutation(3, 1, shuffle=True, num_replicas=1)
+    assert sorted(a) == list(range(300)) and a != order.permutation(3, 2, shuffle=True,
+                                                                    num_replicas=1)
+    file_at = np.asarray(files)[np.asarray(a) // 10]
+    spans = {f: (np.flatnonzero(file_at == f)[0], np.flatnonzero(file_at == f)[-1])
+             for f in range(9)}
+    at_once = [sum(lo <= p <= hi for lo, hi in spans.values()) for p in range(300)]
+    assert max(at_once) <= 3 + 1  # the window's files, one more where one gives way
+    windows = [set((np.asarray(a[w: w + 30]) // 10).tolist()) for w in range(0, 300, 30)]
+    assert all(len(w) == 3 for w in windows)  # 3 whole shards a window, as without files
+    assert order.permutation(3, 1, shuffle=False, num_replicas=1) == list(range(300))
+    with pytest.raises(ValueError, match="2 files given for 30 shards"):
+        ShardOrder([10] * 30, window=3, files=[0, 1])
+
+
 def test_shard_order_splits_unevenly_sized_shards_with_padding():
     order = ShardOrder([7, 3, 11, 5], window=2)
     for ranks, drop in ((3, False), (3, True), (4, False)):

@@ -162,7 +162,8 @@ class ParquetImages(ShardedImages):
                                     f"{self.urls[0]}")
         self.classes = self.index.classes
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
-        self._order = ShardOrder(self.index.group_sizes(), self.shuffle_window)
+        self._order = ShardOrder(self.index.group_sizes(), self.shuffle_window,  # NOTE [row
+                                 files=self.index.group_file)  # groups of files]
         self._shards = CachedShards.open(
             self._cache, shard_refs(self.urls, self.paths, self.index.versions, self.index.sizes),
             shuffle_window=self.shuffle_window, owner="ParquetImages",
