@@ -21,7 +21,11 @@ request), fastload's threads engine, first epoch each:
   no shard store): one range GET per row group's image chunk
 * ParquetImages remote, cold: a new cache directory: the files downloaded whole into its
   shard store, ahead in the epoch's order (8 MiB range requests; the index built before it,
-  timed apart); warm: its second epoch (the local copies)
+  timed apart); warm: a new dataset and loader over the same cache directory (the local
+  copies). The pair is made --repeats times, each cold epoch in a new cache directory, and
+  the medians shown with each round's ratio: the first cold epoch after the benchmark wrote
+  and uploaded its files is the dearest on a VM that hands freed memory back to its host
+  (docs/shards.md)
 
 Run once, small, to check it works; the numbers mean something on a quiet machine only.
 
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import statistics
 import sys
 import tempfile
 import time
@@ -113,6 +118,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--epochs", type=int, default=2, help="the last one is timed")
     parser.add_argument("--latency-ms", type=float, default=15.0, help="0: no remote rows")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="cold/warm rounds of the shard cache rows (medians shown)")
     args = parser.parse_args()
     logging.getLogger("datasets").setLevel(logging.WARNING)
     local = make_jpeg_folder(ROOT / ".fastload-data" / f"parquet-bench-{args.images}",
@@ -163,16 +170,26 @@ def remote_rows(local: Path, work: Path, args: argparse.Namespace) -> None:
         ranges = ParquetImages(pattern, storage_options=options, cache={"memory": "1GB"}, **common)
         rows[f"ParquetImages remote, cold, a range per row group ({len(ranges.index.group_file)})"
              ] = rate(n, DataLoader(ranges, **run), 1)
-        loader = DataLoader(ds, **run)
-        cold = rate(n, loader, 1)
-        store = ds.shard_store
+        pairs: list[tuple[float, float]] = []
+        for repeat in range(args.repeats):  # each cold epoch in a new cache directory
+            cache = {"disk": str(work / ("cache" if repeat == 0 else f"cache-{repeat}"))}
+            cold_ds = ds if repeat == 0 else ParquetImages(
+                pattern, storage_options=options, cache=cache, **common)
+            cold = rate(n, DataLoader(cold_ds, **run), 1)
+            store = cold_ds.shard_store
+            warm_ds = ParquetImages(pattern, storage_options=options, cache=cache, **common)
+            pairs.append((cold, rate(n, DataLoader(warm_ds, **run), 1)))
         rows[f"ParquetImages remote, cold ({store.downloads} files, {store.requests} requests)"
-             ] = cold
-        rows["ParquetImages remote, warm (local copies)"] = rate(n, loader, 1)
-    print(f"remote: moto + {args.latency_ms:g} ms/request, threads engine, one epoch each")
+             ] = statistics.median(c for c, _ in pairs)
+        rows["ParquetImages remote, warm (local copies)"] = statistics.median(w for _, w in pairs)
+    print(f"remote: moto + {args.latency_ms:g} ms/request, threads engine, first epochs of new "
+          f"loaders; cold/warm: medians of {args.repeats} rounds")
     per_object = rows["ImageFolder remote, per object"]
     for name, value in rows.items():
         print(f"  {name:60s} {value:8.1f} images/s  {value / per_object:5.2f}x per object")
+    cold, warm = (statistics.median(p[k] for p in pairs) for k in (0, 1))
+    print(f"  cold vs warm cache: {cold / warm:.2f}x (rounds: "
+          + ", ".join(f"{c / w:.2f}x" for c, w in pairs) + ")")
     print(f"  remote ParquetImages index: {index_s:.2f} s")
 
 
