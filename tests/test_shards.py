@@ -19,7 +19,7 @@ import webdataset as wds
 from fastload import DataLoader, EpochSampler, ImageFolder, TarShards
 from fastload.data.shard_order import ShardOrder, shuffle_quality
 from fastload.data.tarfiles import expand_braces, index_url_of, split_key, write_dali_index
-from fastload.errors import CorruptSampleError, DatasetError, MissingSampleError
+from fastload.errors import ConfigError, CorruptSampleError, DatasetError, MissingSampleError
 from tests.contracts import sharded
 from tests.contracts.resume import interrupted, same_batches
 
@@ -231,6 +231,33 @@ def ranked_loader(monkeypatch, shards: str, world: int, rank: int) -> DataLoader
     monkeypatch.setenv("RANK", str(rank))
     ds = TarShards(shards, size=16, seed=5, shuffle_window=1)
     return DataLoader(ds, batch_size=4, shuffle=True)
+
+
+def test_a_state_saved_mid_epoch_over_another_order_is_refused(shards):
+    # NOTE [a changed order]: resumed over another permutation, the rest of the epoch would
+    # repeat some samples and skip others with no word
+    def loader(window: int) -> DataLoader:
+        return DataLoader(TarShards(shards, size=16, seed=3, shuffle_window=window),
+                          batch_size=4, shuffle=True, backend="threads")
+
+    saved = loader(2)
+    it = iter(saved)
+    seen = [y for _ in range(3) for y in next(it)[1].tolist()]
+    state = saved.state_dict()
+    del it
+    other = loader(4)
+    with pytest.raises(ConfigError, match=r"12 samples a rank into epoch 0, but this loader's "
+                       r"order for that epoch is not the saved one .* read epoch 0 again from "
+                       r"its start: state\['span'\] = \[0, 48\]; state\['consumed'\] = 0"):
+        other.load_state_dict(state)
+    assert other.epoch_sampler.seed == 3  # as it was
+    same = loader(2)
+    same.load_state_dict(state)  # the same order: the rest of the epoch, each sample once
+    rest = [y for _, ys in same for y in ys.tolist()]
+    assert sorted(seen + rest) == sorted(TarShards(shards, size=16).targets.tolist())
+    state.update(span=[0, 48], consumed=0)  # the epoch again from its start: any order
+    other.load_state_dict(state)
+    assert len([y for _, ys in other for y in ys.tolist()]) == 48
 
 
 def test_ranks_read_whole_shards_and_an_elastic_restart_covers_the_rest_once(monkeypatch, shards):

@@ -15,7 +15,9 @@ import math
 from collections.abc import Iterator, Sized
 from typing import Any
 
+import numpy as np
 import torch
+import xxhash
 from torch.utils.data.distributed import DistributedSampler
 
 logger = logging.getLogger(__name__)
@@ -193,15 +195,21 @@ class EpochSampler(DistributedSampler):
     def __len__(self) -> int:
         return max(0, self.shard_len() - self.span()[2])
 
-    def _permutation(self, epoch: int) -> list[int]:
+    def _permutation(self, epoch: int, layout: int | None = None) -> list[int]:
         if self.order is not None:  # a dataset's own order (NOTE [shard-aware order])
             return self.order.permutation(self.seed, epoch, shuffle=self.shuffle,
-                                          num_replicas=self.layout(epoch))
+                                          num_replicas=layout or self.layout(epoch))
         if not self.shuffle:
             return list(range(self.size))
         g = torch.Generator()
         g.manual_seed(mix_seed(self.seed, epoch))
         return torch.randperm(self.size, generator=g).tolist()
+
+    def order_digest(self, epoch: int, layout: int | None = None) -> str:
+        """A digest of an epoch's whole permutation (laid out for ``layout`` ranks, default
+        the epoch's own), which a saved state records (NOTE [a changed order])."""
+        perm = np.asarray(self._permutation(epoch, layout), dtype=np.int64)
+        return xxhash.xxh3_64_hexdigest(perm.tobytes())
 
     def epoch_order(self, epoch: int | None = None) -> list[int]:
         """All ranks' indices of an epoch, before sharding (padded to a multiple of ranks)."""
