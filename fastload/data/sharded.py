@@ -27,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import abc
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -105,9 +106,9 @@ class ShardedImages(DeclaredImages):
             return None
         return self._shards.follow(self.fs, self._files_of(np.asarray(order, dtype=np.int64)), start)
 
+    @abc.abstractmethod
     def _files_of(self, samples: np.ndarray) -> np.ndarray:
         """The file each of ``samples`` lies in (a subclass's index knows)."""
-        raise NotImplementedError
 
     def check_order(self, sampler: str) -> None:
         """Warn once when a loader reads this dataset in the order of a sampler of the

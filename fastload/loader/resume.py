@@ -225,7 +225,8 @@ def _restore_sharded(loader: DataLoader, state: dict[str, Any], epoch: int) -> N
     layout = int(state.get(K_LAYOUT, old_world))  # NOTE [shard-aware order]: the saved layout
     seed, sampler.seed = sampler.seed, int(state[K_SEED])  # NOTE [one seed for all ranks]
     try:
-        _check_order(sampler, state, epoch, layout, midway=start > 0 or consumed > 0)
+        _check_order(sampler, state, epoch, layout, midway=start > 0 or consumed > 0,
+                     what=repr(loader.dataset))
     except ConfigError:
         sampler.seed = seed  # the loader as it was
         raise
@@ -244,9 +245,9 @@ def _restore_sharded(loader: DataLoader, state: dict[str, Any], epoch: int) -> N
 
 
 def _check_order(sampler: EpochSampler, state: dict[str, Any], epoch: int, layout: int, *,
-                 midway: bool) -> None:
+                 midway: bool, what: str) -> None:
     """Raise where a state saved mid-epoch would continue another permutation (NOTE [a
-    changed order])."""
+    changed order]); ``what`` names the dataset."""
     saved = state.get(K_ORDER)
     if saved is None or not midway:
         return
@@ -255,7 +256,8 @@ def _check_order(sampler: EpochSampler, state: dict[str, Any], epoch: int, layou
         raise ConfigError(
             f"the saved state is {state[K_CONSUMED]} samples a rank into epoch {epoch}, but "
             f"this loader's order for that epoch is not the saved one (digest {mine}, saved "
-            f"{saved}): the dataset's samples or order changed since (another shuffle_window, "
+            f"{saved}) over {what}: the dataset's samples or order changed since (another "
+            "shuffle_window, "
             "other files, a fastload whose order changed), and the rest of the epoch would "
             "repeat some samples and skip others. Load a state saved between epochs, or read "
             f"epoch {epoch} again from its start: state['span'] = [0, "
