@@ -281,3 +281,28 @@ def test_ctrl_c_ends_an_epoch_whose_reads_never_return(jpeg_root):
     assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in err, (proc.returncode, err)
     assert "came through" not in out
     assert "fastload/engines/threads.py" in err  # it came while the loop waited for the batch
+
+
+_BREAKS = textwrap.dedent("""
+    import sys
+    from fastload import DataLoader, ImageFolder
+    loader = DataLoader(ImageFolder(sys.argv[1], size=224, train=True), batch_size=8,
+                        shuffle=True, backend="threads")
+    for images, labels in loader:
+        break  # the batches after it are still being made as the script returns
+    print("left the loop", flush=True)
+""")
+
+
+@pytest.mark.timeout(300)
+def test_a_script_that_breaks_out_of_its_loop_exits_cleanly(tmp_path):
+    """NOTE [threads at exit]: pixel threads still in a torch call as the interpreter
+    finalized were ended by a forced unwind: SIGABRT (exit code 134), "terminate called
+    without an active exception", in most runs of this script before the exit hook."""
+    root = make_jpeg_folder(tmp_path / "big", images=48, classes=2, size=(1600, 1200))
+    for run in range(3):
+        done = subprocess.run([sys.executable, "-c", _BREAKS, str(root)], capture_output=True,
+                              text=True, timeout=120)
+        assert "left the loop" in done.stdout
+        assert done.returncode == 0 and "terminate called" not in done.stderr, (run, done.returncode,
+                                                                             done.stderr[-2000:])

@@ -9,6 +9,19 @@ cancelled on :meth:`DaemonPool.shutdown`, and a shutdown that waits for running 
 only as long as it is told. A pool dropped without a shutdown ends its idle threads when
 it is collected, as ``ThreadPoolExecutor`` does.
 
+NOTE [threads at exit]
+"Never hold up the exit" is not "run on through it". When the interpreter finalizes (after
+the atexit hooks), a daemon thread that comes back for the GIL is ended with
+``pthread_exit``, which unwinds the thread's C++ frames by force; a pixel thread coming back
+from a torch call (``permute``, ``interpolate``) then hits ``std::terminate`` and the
+process dies with SIGABRT (exit code 134, "terminate called without an active exception").
+It happened to a script that left its loop with ``break`` and returned, and to one in three
+whose last epoch ended while the engine still worked ahead: the batches after the loop's
+were in flight. So an atexit hook shuts every pool down (its queued tasks cancelled) and
+waits up to ``EXIT_WAIT_S`` for the running tasks, a decode or a resize of a few ms; a read
+still blocked on a store after that is left as before (its frames are Python's and the C
+library's, which the forced unwind passes through).
+
 Example::
 
     >>> pool = DaemonPool(4, "fastload-read")
@@ -19,6 +32,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import threading
@@ -33,6 +47,12 @@ logger = logging.getLogger(__name__)
 
 _STOP = None  # the queue item that ends a thread
 _Task = tuple[Future[Any], Callable[..., Any], tuple]
+
+EXIT_WAIT_S = 1.0
+"""How long the interpreter's exit waits for the pools' running tasks (NOTE [threads at exit])."""
+
+_LIVE_POOLS: weakref.WeakSet[DaemonPool] = weakref.WeakSet()
+_LIVE_THREADS: set[threading.Thread] = set()  # a pool's threads until they end, collected pool or not
 
 
 class DaemonPool:
@@ -49,6 +69,7 @@ class DaemonPool:
         self._shutdown = False
         # The threads hold the queue, never the pool: collected, it stops them.
         self._stop = weakref.finalize(self, _stop, self._queue, self._threads)
+        _LIVE_POOLS.add(self)
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """Run ``fn(*args)`` on a thread of the pool; its result or exception in the Future."""
@@ -60,6 +81,7 @@ class DaemonPool:
             if len(self._threads) < self.max_threads:
                 thread = threading.Thread(target=_work, args=(self._queue, self._initializer), daemon=True,
                                           name=f"{self.name}-{len(self._threads)}")
+                _LIVE_THREADS.add(thread)
                 thread.start()
                 self._threads.append(thread)
         return future
@@ -93,12 +115,15 @@ def _work(tasks: queue.SimpleQueue[_Task | None], initializer: Callable[[], None
             initializer()
         except Exception:  # a set-up that failed must not leave tasks unrun
             logger.warning("%s: its initializer failed", threading.current_thread().name, exc_info=True)
-    while True:
-        item = tasks.get()
-        if item is _STOP:
-            return
-        _run(*item)
-        del item
+    try:
+        while True:
+            item = tasks.get()
+            if item is _STOP:
+                return
+            _run(*item)
+            del item
+    finally:
+        _LIVE_THREADS.discard(threading.current_thread())
 
 
 def _run(future: Future[Any], fn: Callable[..., Any], args: tuple) -> None:
@@ -115,3 +140,17 @@ def _run(future: Future[Any], fn: Callable[..., Any], args: tuple) -> None:
 def _stop(tasks: queue.SimpleQueue[_Task | None], threads: list[threading.Thread]) -> None:
     for _ in threads:
         tasks.put(_STOP)
+
+
+@atexit.register
+def _shut_down_at_exit() -> None:
+    """Stop every pool and wait up to EXIT_WAIT_S for their running tasks (NOTE [threads at exit])."""
+    for pool in list(_LIVE_POOLS):
+        pool.shutdown(wait_s=0.0)
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for thread in list(_LIVE_THREADS):
+        thread.join(max(0.0, deadline - time.monotonic()))
+    left = [t.name for t in _LIVE_THREADS if t.is_alive()]
+    if left:
+        logger.debug("exit: %d pool threads still running after %.1f s (%s)", len(left), EXIT_WAIT_S,
+                     ", ".join(left))
