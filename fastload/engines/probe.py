@@ -26,6 +26,25 @@ row). So a candidate with W producers is timed from the end of its first round t
 its last whole one, counting the samples in between, which is its rate whether its workers
 run in step or drift apart; and it gets ``PROBE_BATCHES`` rounds, not batches.
 
+NOTE [a second of each]
+Six rounds were the whole window, and on small images that is 5 batch intervals, 0.3-0.4 s:
+one slow interval (the first rows of a Parquet window, a page fault, the machine's other work)
+moved a candidate's rate by a fifth. Over six loaders in six processes on the same local
+Parquet files the threads candidate measured 656-1,056 img/s where the same engine ran
+1,062-1,172 a whole epoch, and DALI's CPU pipeline 511-611; once, in a benchmark, DALI was
+kept (832 img/s a whole epoch where threads ran 1,302). So a candidate is fed past its six
+rounds until its timed window spans ``PROBE_SECONDS``, as long as the probe as a whole takes at
+most ``PROBE_SHARE`` of the epoch (beyond the candidates' minimum shares, which it always
+takes); an epoch of ImageNet spends ~1 s a candidate, a short one what its share allows.
+
+NOTE [ties go to the lighter engine]
+The candidates are listed lightest first: threads (no processes, no pipeline), torch's
+workers (a process each, their memory and IPC), DALI (its own threads and queues, GPU memory
+and GPU time beside the model's). When the loop itself is the bound (a model slower than
+any engine) they all deliver at the loop's pace, and the fastest is then whichever noise
+favoured. So the kept engine is the first of the list within ``TIE`` of the fastest: a
+heavier one must win by more than the probe can mistake.
+
 Example::
 
     >>> loader = DataLoader(ImageFolder("data/train", size=224, train=True), batch_size=64)
@@ -62,6 +81,17 @@ TRIAL_PREFETCH = 2
 MIN_COUNTED = 3
 """Rounds a candidate must deliver while still fed for its rate to count."""
 
+PROBE_SECONDS = 1.0
+"""A candidate is fed past ``quota`` until its timed window spans this long (NOTE [a second
+of each]), within ``PROBE_SHARE``."""
+
+PROBE_SHARE = 0.5
+"""The most of an epoch's batches the probe gives its candidates beyond their quotas."""
+
+TIE = 0.10
+"""A candidate within this fraction of the fastest's rate ties with it; the lighter (earlier)
+one is kept (NOTE [ties go to the lighter engine])."""
+
 
 def quota(engine: Engine) -> int:
     """The first epoch's batches a candidate gets: its queue and ``PROBE_BATCHES`` rounds."""
@@ -69,24 +99,36 @@ def quota(engine: Engine) -> int:
 
 
 class Gate:
-    """A share of one epoch's batch plan: hands out at most ``quota`` batches, then stops.
+    """A share of one epoch's batch plan: hands out at least ``quota`` batches, then stops
+    once ``measure``'s timed window spans ``PROBE_SECONDS`` or ``cap`` batches are out.
 
     Every candidate iterates the same plan through its own gate, so together they cover the
-    epoch once, in order. ``refused_at`` is when the candidate first asked past its quota.
+    epoch once, in order. ``refused_at`` is when the candidate first asked past its share.
+    ``quota=None``: the rest of the plan.
     """
 
-    def __init__(self, plan: Iterator[list[int]], quota: int | None, total: int) -> None:
+    def __init__(self, plan: Iterator[list[int]], quota: int | None, total: int,
+                 cap: int | None = None, measure: Measure | None = None) -> None:
         self._plan = plan
         self.quota = quota
         self.total = total
+        self.cap = quota if cap is None or quota is None else max(cap, quota)
+        self.measure = measure
         self.given = 0
         self.refused_at: float | None = None
 
     def __len__(self) -> int:
-        return self.total if self.quota is None else min(self.quota, self.total)
+        return self.total if self.cap is None else min(self.cap, self.total)
+
+    def _open(self) -> bool:
+        if self.quota is None or self.given < self.quota:
+            return True
+        if self.measure is None or self.cap is None or self.given >= self.cap:
+            return False
+        return self.measure.elapsed() < PROBE_SECONDS
 
     def __iter__(self) -> Iterator[list[int]]:
-        while self.quota is None or self.given < self.quota:
+        while self._open():
             try:
                 batch = next(self._plan)
             except StopIteration:
@@ -129,6 +171,18 @@ class Measure:
     @property
     def rate(self) -> float:
         return self.samples / self.seconds if self.error is None and self.seconds > 0 else 0.0
+
+    def elapsed(self) -> float:
+        """Seconds since the first batch arrived (0 before it): what the gate waits on."""
+        arrivals = self.arrivals
+        return time.perf_counter() - arrivals[0][0] if arrivals else 0.0
+
+
+def kept(measures: list[Measure]) -> Measure:
+    """The first of ``measures`` (lightest first) within ``TIE`` of the fastest's rate
+    (NOTE [ties go to the lighter engine])."""
+    fastest = max(m.rate for m in measures)
+    return next(m for m in measures if m.rate >= (1.0 - TIE) * fastest)
 
 
 class ProbeEngine(Engine):
@@ -190,17 +244,18 @@ class ProbeEngine(Engine):
             yield from self.chosen.epoch()  # type: ignore[union-attr]
             return
         done = 0
+        extra = max(0, int(total * PROBE_SHARE) - sum(quotas)) // len(trials)
         for name, engine, share in zip(self.candidates, trials, quotas):
-            gate = Gate(plan, share, total - done)
-            _retarget(engine, gate)
             measure = Measure(name, max(1, engine.producers))
+            gate = Gate(plan, share, total - done, cap=share + extra, measure=measure)
+            _retarget(engine, gate)
             self.measures.append(measure)
             try:
                 for item in _timed(engine.epoch(), gate, measure):
                     yield item
             finally:
                 done += gate.given
-        best = max(self.measures, key=lambda m: m.rate)
+        best = kept(self.measures)
         rest = Gate(plan, None, total - done)
         engine = trials[self.candidates.index(best.name)]
         self._keep(best.name, self._promote(best.name, engine), self._describe(best, done))
@@ -241,10 +296,13 @@ class ProbeEngine(Engine):
             f"{m.name} {m.rate:.0f} img/s" if m.error is None else f"{m.name} failed ({m.error})"
             for m in others
         )
+        fastest = max(self.measures, key=lambda m: m.rate)
+        tie = (f"; within {TIE:.0%} of {fastest.name}'s, so the lighter engine is kept"
+               if fastest is not best else "")
         return (
             f"{best.name}: measured {best.rate:.0f} img/s vs {figures} on batches 1-{probed} of "
-            f"the first epoch (start-up and queued batches excluded); kept for this dataset "
-            "and machine"
+            f"the first epoch (start-up and queued batches excluded){tie}; kept for this "
+            "dataset and machine"
         )
 
     def restart(self) -> None:
