@@ -4,7 +4,7 @@
 that can run it (threads, torch workers, DALI where it imports). The first epoch hands
 consecutive batches of its plan to each candidate in turn (``PROBE_BATCHES`` plus the
 engine's queue), times how fast each delivers them, and runs the rest of the epoch, and
-every later one, on the fastest.
+every later one, on the fastest, or on a lighter one within ``TIE`` of it.
 The probe's batches are the epoch's own: they are yielded to the loop in plan order, never
 thrown away, so the epoch has exactly the batches, order and augmentations of any engine.
 
@@ -186,7 +186,8 @@ def kept(measures: list[Measure]) -> Measure:
 
 
 class ProbeEngine(Engine):
-    """Measures ``choice.candidates`` on the first epoch, then runs on the fastest."""
+    """Measures ``choice.candidates`` on the first epoch, then runs on the fastest (a lighter
+    one within ``TIE`` of it)."""
 
     name = "probe"
 

@@ -193,7 +193,7 @@ class Choice:
     """The engine a loader runs on (``name``) and why (``reason``, shown as ``loader.backend_reason``).
 
     ``name`` is ``"probe"`` when the first epoch measures ``candidates`` on its first batches
-    and keeps the fastest (:mod:`fastload.engines.probe`).
+    and keeps the fastest, or a lighter one within 10% of it (:mod:`fastload.engines.probe`).
     """
 
     name: str
@@ -217,8 +217,8 @@ def choose_backend(
 
     "auto" runs a plain dataset on torch. A declared dataset that the in-process engines
     can run gets measured: the threaded engine, torch workers and (when nvidia-dali imports)
-    DALI each run a few batches of the first epoch and the fastest is kept (``probe=False``:
-    the threaded engine, without measuring). A forced engine that cannot run raises
+    DALI each run a few batches of the first epoch and the fastest is kept, or a lighter
+    one within 10% of it (``probe=False``: the threaded engine, without measuring). A forced engine that cannot run raises
     :class:`~fastload.errors.BackendUnavailable` (or MissingDependencyError) with the fix.
 
     Args:
@@ -258,7 +258,7 @@ def choose_backend(
     return Choice(
         "probe",
         f"auto: the first epoch measures {', '.join(candidates)} on its first batches and keeps "
-        "the fastest",
+        "the fastest (a lighter one within 10% of it)",
         candidates,
     )
 
