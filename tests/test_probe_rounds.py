@@ -12,7 +12,7 @@ import pytest
 import time
 
 from fastload.engines.probe import (
-    MIN_COUNTED, PROBE_BATCHES, PROBE_SECONDS, TIE, Gate, Measure, kept, quota,
+    CLEAR, MIN_COUNTED, PROBE_BATCHES, PROBE_SECONDS, TIE, Gate, Measure, kept, quota,
 )
 
 
@@ -122,3 +122,14 @@ def test_a_gate_without_a_measure_or_cap_gives_its_quota_and_the_rest_gives_all(
     assert drain(Gate(plan, 5, 20)) == 5
     rest = Gate(plan, None, 15)
     assert len(rest) == 15 and drain(rest) == 15 and rest.refused_at is None
+
+
+def test_a_candidate_that_has_clearly_lost_is_not_fed_past_its_quota():
+    # a window that never ends (arrivals in the future), so only the rate can stop the gate
+    future = time.perf_counter() + 1e6
+    slow = Measure("dali", 1, arrivals([future + k * 0.1 for k in range(7)]))  # 640 img/s
+    assert slow.rate == pytest.approx(640)
+    plan = iter([[k] for k in range(100)])
+    assert drain(Gate(plan, 9, 100, cap=40, measure=slow, lead=640 / (CLEAR * 0.99))) == 9
+    close = Measure("torch", 1, arrivals([future + k * 0.1 for k in range(7)]))
+    assert drain(Gate(plan, 9, 91, cap=40, measure=close, lead=640 / (CLEAR * 1.01))) == 40

@@ -36,6 +36,9 @@ kept (832 img/s a whole epoch where threads ran 1,302). So a candidate is fed pa
 rounds until its timed window spans ``PROBE_SECONDS``, as long as the probe as a whole takes at
 most ``PROBE_SHARE`` of the epoch (beyond the candidates' minimum shares, which it always
 takes); an epoch of ImageNet spends ~1 s a candidate, a short one what its share allows.
+Precision matters only near the verdict: a candidate whose six rounds measured below
+``CLEAR`` of the best rate before it has lost whatever its next rounds show (six rounds were
+off by a fifth at most), so it is not fed past them.
 
 NOTE [ties go to the lighter engine]
 The candidates are listed lightest first: threads (no processes, no pipeline), torch's
@@ -88,6 +91,10 @@ of each]), within ``PROBE_SHARE``."""
 PROBE_SHARE = 0.5
 """The most of an epoch's batches the probe gives its candidates beyond their quotas."""
 
+CLEAR = 0.7
+"""A candidate below this fraction of an earlier one's rate after its quota is not fed past
+it (NOTE [a second of each])."""
+
 TIE = 0.10
 """A candidate within this fraction of the fastest's rate ties with it; the lighter (earlier)
 one is kept (NOTE [ties go to the lighter engine])."""
@@ -100,7 +107,8 @@ def quota(engine: Engine) -> int:
 
 class Gate:
     """A share of one epoch's batch plan: hands out at least ``quota`` batches, then stops
-    once ``measure``'s timed window spans ``PROBE_SECONDS`` or ``cap`` batches are out.
+    once ``measure``'s timed window spans ``PROBE_SECONDS``, ``cap`` batches are out, or its
+    rate is below ``CLEAR`` of ``lead`` (the best rate of the candidates before it).
 
     Every candidate iterates the same plan through its own gate, so together they cover the
     epoch once, in order. ``refused_at`` is when the candidate first asked past its share.
@@ -108,12 +116,13 @@ class Gate:
     """
 
     def __init__(self, plan: Iterator[list[int]], quota: int | None, total: int,
-                 cap: int | None = None, measure: Measure | None = None) -> None:
+                 cap: int | None = None, measure: Measure | None = None, lead: float = 0.0) -> None:
         self._plan = plan
         self.quota = quota
         self.total = total
         self.cap = quota if cap is None or quota is None else max(cap, quota)
         self.measure = measure
+        self.lead = lead
         self.given = 0
         self.refused_at: float | None = None
 
@@ -125,6 +134,8 @@ class Gate:
             return True
         if self.measure is None or self.cap is None or self.given >= self.cap:
             return False
+        if self.measure.rate < CLEAR * self.lead:
+            return False  # it has lost: no need to know by how much
         return self.measure.elapsed() < PROBE_SECONDS
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -248,7 +259,8 @@ class ProbeEngine(Engine):
         extra = max(0, int(total * PROBE_SHARE) - sum(quotas)) // len(trials)
         for name, engine, share in zip(self.candidates, trials, quotas):
             measure = Measure(name, max(1, engine.producers))
-            gate = Gate(plan, share, total - done, cap=share + extra, measure=measure)
+            lead = max((m.rate for m in self.measures), default=0.0)
+            gate = Gate(plan, share, total - done, cap=share + extra, measure=measure, lead=lead)
             _retarget(engine, gate)
             self.measures.append(measure)
             try:
