@@ -7,12 +7,20 @@ Arrival times are made up here, so the figures are exact: no clock decides a res
 
 from __future__ import annotations
 
-import pytest
-
 import time
 
+import pytest
+
 from fastload.engines.probe import (
-    CLEAR, MIN_COUNTED, PROBE_BATCHES, PROBE_SECONDS, TIE, Gate, Measure, kept, quota,
+    CLEAR,
+    MIN_COUNTED,
+    PROBE_BATCHES,
+    PROBE_SECONDS,
+    TIE,
+    Gate,
+    Measure,
+    kept,
+    quota,
 )
 
 

@@ -17,8 +17,9 @@ import torch
 
 import fastload
 from fastload import DataLoader, ImageFolder
-from fastload.engines.probe import PROBE_BATCHES, TRIAL_PREFETCH
+from fastload.engines.probe import PROBE_BATCHES
 from fastload.engines.threads import AHEAD
+from fastload.engines.trial_torch import TRIAL_PREFETCH
 from fastload.settings import MAX_WORKERS_WITHOUT_GPU
 from fastload.testing.synthetic import make_jpeg_folder
 from tests.fixtures.privileges import run_unprivileged
@@ -254,9 +255,10 @@ def test_persistent_workers_outlive_an_epoch_that_raised(broken):
 
 
 @pytest.mark.timeout(90)
-def test_a_first_epoch_measuring_engines_stops_them_when_it_raises(tmp_path):
+def test_a_first_epoch_measuring_engines_stops_them_when_it_raises(tmp_path, monkeypatch):
     # backend="auto" times the threaded engine on the first batches, then torch workers: the
-    # broken sample falls in torch's share, so the error comes while its workers run; enough
+    # broken sample falls in torch's share, so the error comes while its workers run (each
+    # candidate fed its quota only: no second-long window, NOTE [a second of each]); enough
     # images for every candidate's share with as many workers as fastload may choose (torch
     # gets its queue and PROBE_BATCHES rounds of one batch per worker; DALI's share is < 48)
     images = (AHEAD + 1 + PROBE_BATCHES + (TRIAL_PREFETCH + PROBE_BATCHES) * MAX_WORKERS_WITHOUT_GPU
@@ -265,6 +267,7 @@ def test_a_first_epoch_measuring_engines_stops_them_when_it_raises(tmp_path):
     samples = list(ImageFolder(root).samples)
     bad = PROBE_BATCHES + AHEAD + 1 + 2
     break_file(Path(samples[bad][0]), "corrupt")
+    monkeypatch.setattr(fastload.engines.probe, "PROBE_SECONDS", 0.0)
     data = DataLoader(ImageFolder(samples, size=16), batch_size=1, backend="auto")
     assert data.num_workers >= 1  # the torch candidate runs worker processes
     before = children()

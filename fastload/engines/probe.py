@@ -65,21 +65,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch.utils.data
-
 from fastload.data import batchinfo
 from fastload.engines.base import Engine, EngineContext
 from fastload.engines.registry import Choice, engine_class
-from fastload.engines.torch import private_loader
+from fastload.engines.trial_torch import TrialTorch, epoch_of_trial_torch
 
 logger = logging.getLogger(__name__)
 
 PROBE_BATCHES = 6
 """Rounds of batches of the first epoch each candidate is timed on, beyond its queue (NOTE
 [timing a candidate], NOTE [whole rounds]); it gets ``quota(engine)`` batches."""
-
-TRIAL_PREFETCH = 2
-"""torch's own default ``prefetch_factor``, for the torch candidate's trial loader."""
 
 MIN_COUNTED = 3
 """Rounds a candidate must deliver while still fed for its rate to count."""
@@ -273,7 +268,7 @@ class ProbeEngine(Engine):
         engine = trials[self.candidates.index(best.name)]
         self._keep(best.name, self._promote(best.name, engine), self._describe(best, done))
         if best.name == "torch":  # the trial loader finishes this epoch; the loader's own next
-            yield from _epoch_of_private_torch(self._context, rest)
+            yield from epoch_of_trial_torch(self._context, rest)
         else:
             _retarget(engine, rest)
             try:
@@ -287,7 +282,7 @@ class ProbeEngine(Engine):
 
     def _trial_engine(self, name: str) -> Engine:
         if name == "torch":
-            engine: Engine = _PrivateTorch(self._context)
+            engine: Engine = TrialTorch(self._context)
         else:
             engine = engine_class(name).build(self._context)
         self._trial.append(engine)
@@ -354,56 +349,3 @@ def _samples(item: Any) -> int:
 
 def _retarget(engine: Engine, batches: Iterable[list[int]]) -> None:
     engine.batch_sampler = batches  # type: ignore[attr-defined]
-
-
-class _PrivateTorch(Engine):
-    """torch workers over a share of the plan: a plain DataLoader built like the facade's."""
-
-    name = "torch"
-
-    def __init__(self, context: EngineContext) -> None:
-        self._context = context
-        self.batch_sampler: Iterable[list[int]] = context.batch_sampler
-        self._iterator: Any = None
-
-    @classmethod
-    def build(cls, context: EngineContext) -> _PrivateTorch:
-        return cls(context)
-
-    @property
-    def ahead(self) -> int:
-        return self.producers * TRIAL_PREFETCH
-
-    @property
-    def producers(self) -> int:
-        return max(1, self._context.loader.num_workers)
-
-    def epoch(self) -> Iterator[Any]:
-        self._iterator = iter(_private_loader(self._context, self.batch_sampler))
-        return self._iterator
-
-    def close(self) -> None:
-        shutdown = getattr(self._iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-        self._iterator = None
-
-
-def _private_loader(context: EngineContext, batches: Iterable[list[int]]) -> torch.utils.data.DataLoader:
-    workers = context.loader.num_workers
-    return private_loader(
-        context.loader, context.dataset, batches, context.parts,
-        prefetch_factor=TRIAL_PREFETCH if workers > 0 else None, persistent_workers=False,
-        worker_init_fn=None, generator=None,
-    )
-
-
-def _epoch_of_private_torch(context: EngineContext, rest: Gate) -> Iterator[Any]:
-    """The rest of the first epoch on a plain torch loader (the facade's own starts at epoch 2)."""
-    iterator = iter(_private_loader(context, rest))
-    try:
-        yield from iterator
-    finally:
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
