@@ -7,6 +7,7 @@ ids are labels (one image per class), so what each rank saw is what it trained o
 
 from __future__ import annotations
 
+import collections
 import json
 import subprocess
 import sys
@@ -103,3 +104,31 @@ def test_one_device_resume_keeps_every_later_epoch_whole(one_per_class, tmp_path
     assert crashed[0]["train"] + resumed[0]["train"] == full[0]["train"]
     per_epoch = [len([b for e, b in resumed[0]["train"] if e == k]) for k in range(3)]
     assert per_epoch == [N // BATCH - 7, N // BATCH, N // BATCH]  # the rest, then whole epochs
+
+
+@pytest.fixture(scope="module")
+def id_shards(one_per_class, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The 40 one-per-class images as 8 tar shards of 5 (webdataset's ShardWriter): sample id
+    (label) ``i`` lies in shard ``i // 5``."""
+    from tests.test_shards import write_shards
+
+    return write_shards(one_per_class, tmp_path_factory.mktemp("id-shards"), per_shard=5)
+
+
+def test_ddp_over_tar_shards_reads_whole_shards_per_rank_and_resumes_exactly(one_per_class, id_shards, tmp_path):
+    """Lightning's DDP keeps TarShards' shard-aware order: with shuffle_window=2, each rank's
+    20 samples of an epoch are two whole windows, four whole shards (NOTE [shard-aware order])."""
+    full = lightning(one_per_class, tmp_path / "full", "--shards", id_shards)
+    assert_one_split(full)
+    for rank in full:
+        for epoch in range(2):
+            per_shard = collections.Counter(i // 5 for i in seen(rank, "train", epoch))
+            assert sorted(per_shard.values()) == [5, 5, 5, 5], (rank["rank"], epoch, per_shard)
+        assert all(loader["class"] == "fastload.loader.dataloader.DataLoader" for loader in rank["loaders"])
+    ckpt = tmp_path / "mid.ckpt"
+    crashed = lightning(one_per_class, tmp_path / "crashed", "--shards", id_shards, "--stop-at", "3",
+                        "--ckpt", str(ckpt), expect=3)
+    resumed = lightning(one_per_class, tmp_path / "resumed", "--shards", id_shards, "--resume", str(ckpt))
+    for before, after, whole in zip(crashed, resumed, full):
+        assert len(before["train"]) == 3
+        assert before["train"] + after["train"] == whole["train"]

@@ -1,4 +1,4 @@
-"""What tests/test_integrations_lightning.py runs: a real Lightning fit over fastload loaders.
+"""What tests/test_lightning.py runs: a real Lightning fit over fastload loaders.
 
 Each rank writes ``<out>/rank<R>.json``: the sample ids (labels: one image per class) of every
 training and validation batch it received, per epoch, and which engine the loader Lightning
@@ -20,15 +20,19 @@ import pytorch_lightning as pl
 import torch
 
 if "--late-import" not in sys.argv:
-    from fastload import DataLoader, ImageFolder  # the import users change, at the top
+    from fastload import DataLoader, ImageFolder, TarShards  # the import users change, at the top
 
 
 def loaders(args: argparse.Namespace) -> tuple:
     if args.late_import:  # fastload first touched inside the hook, after Lightning patched
-        from fastload import DataLoader, ImageFolder  # noqa: F811
+        from fastload import DataLoader, ImageFolder, TarShards  # noqa: F811
     else:
-        from fastload import DataLoader, ImageFolder  # noqa: F811 - the same classes
-    train = DataLoader(ImageFolder(args.data, size=16, train=True), batch_size=args.batch, shuffle=True)
+        from fastload import DataLoader, ImageFolder, TarShards  # noqa: F811 - the same classes
+    if args.shards:  # the same images as tar shards: the shard-aware order, split by rank
+        source = TarShards(args.shards, size=16, train=True, shuffle_window=2)
+    else:
+        source = ImageFolder(args.data, size=16, train=True)
+    train = DataLoader(source, batch_size=args.batch, shuffle=True)
     val = DataLoader(ImageFolder(args.data, size=16), batch_size=args.batch)
     return train, val
 
@@ -113,6 +117,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--shards", default="", help="train on these tar shards (a brace pattern)")
     parser.add_argument("--no-distributed-sampler", action="store_true")
     parser.add_argument("--late-import", action="store_true")
     parser.add_argument("--fit-with-loaders", action="store_true", help="trainer.fit(model, loaders)")
