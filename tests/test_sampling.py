@@ -61,3 +61,18 @@ def test_mix_seed_spreads_neighbours():
     seeds = {mix_seed(0, i) for i in range(1000)}
     assert len(seeds) == 1000
     assert all(0 <= s < 2**63 for s in seeds)
+
+
+def test_the_order_digest_is_computed_once_per_epoch_and_follows_the_seed(monkeypatch):
+    sampler = EpochSampler(1000, seed=3)
+    made = []
+    real = EpochSampler._permutation
+    monkeypatch.setattr(EpochSampler, "_permutation",
+                        lambda self, *a, **k: made.append(a) or real(self, *a, **k))
+    first = sampler.order_digest(0)
+    assert sampler.order_digest(0) == first and len(made) == 1  # a save every step: one permutation
+    assert sampler.order_digest(1) != first and len(made) == 2
+    sampler.seed = 4  # a loaded state sets the seed: another permutation, another digest
+    fresh = EpochSampler(1000, seed=4)
+    assert sampler.order_digest(1) == fresh.order_digest(1) and len(made) == 4
+    assert sampler.order_digest(0) == fresh.order_digest(0) != first

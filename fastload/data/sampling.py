@@ -124,6 +124,7 @@ class EpochSampler(DistributedSampler):
         self.loader_view = False  # a fastload loader's public all-ranks order (fastload.loader.plan)
         self._resumed: tuple[int, int, int, int] | None = None  # (epoch, start, stop, skip)
         self._layout: tuple[int, int] | None = None  # (epoch, ranks its `order` was laid out for)
+        self._digest: tuple[tuple, str] | None = None  # (what it was of, order_digest)
 
     def for_rank(self, rank: int, num_replicas: int) -> EpochSampler:
         """The same order (seed, shuffle, epoch, padding), as the share of ``rank`` of
@@ -207,9 +208,15 @@ class EpochSampler(DistributedSampler):
 
     def order_digest(self, epoch: int, layout: int | None = None) -> str:
         """A digest of an epoch's whole permutation (laid out for ``layout`` ranks, default
-        the epoch's own), which a saved state records (NOTE [a changed order])."""
+        the epoch's own), which a saved state records (NOTE [a changed order]). The last one
+        is kept: a permutation of ImageNet takes ~0.25 s, and a loop may save every few steps."""
+        key = (epoch, layout or self.layout(epoch), self.seed, self.shuffle, self.size, self.order)
+        if self._digest is not None and self._digest[0] == key:
+            return self._digest[1]
         perm = np.asarray(self._permutation(epoch, layout), dtype=np.int64)
-        return xxhash.xxh3_64_hexdigest(perm.tobytes())
+        digest = xxhash.xxh3_64_hexdigest(perm.tobytes())
+        self._digest = (key, digest)
+        return digest
 
     def epoch_order(self, epoch: int | None = None) -> list[int]:
         """All ranks' indices of an epoch, before sharding (padded to a multiple of ranks)."""
