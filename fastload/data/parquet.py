@@ -31,23 +31,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import fsspec
 import numpy as np
 
-from fastload.arguments import (
-    check_bool,
-    check_choice,
-    check_int,
-    check_mapping,
-    check_number,
-    check_optional_int,
-    check_size,
-)
-from fastload.cache import TieredCache, open_cache
 from fastload.data import batchinfo
 from fastload.data.declared import OnError
-from fastload.data.folder_args import check_callables, check_steps, decode_steps
-from fastload.data.folder_rules import default_loader
 from fastload.data.parquet_build import column_name, expand_urls, parquet_index
 from fastload.data.parquet_index import ParquetIndex
 from fastload.data.parquet_read import GroupLRU, decode_column, pyarrow_parquet, read_metadata
@@ -56,7 +43,7 @@ from fastload.data.shard_cache_use import CachedShards, cached_range, shard_refs
 from fastload.data.shard_order import ShardOrder
 from fastload.data.sharded import ShardedImages
 from fastload.data.stored_listing import DEFAULT_MAX_AGE_S
-from fastload.errors import ConfigError, CorruptSampleError, EmptyDatasetError, SampleError
+from fastload.errors import CorruptSampleError, EmptyDatasetError, SampleError
 from fastload.io.errors import storage_error
 
 logger = logging.getLogger(__name__)
@@ -129,31 +116,14 @@ class ParquetImages(ShardedImages):
     ) -> None:
         where = "ParquetImages"
         pyarrow_parquet()  # says what to install before anything is read
-        self.on_error: OnError = check_choice(  # type: ignore[assignment]
-            where, "on_error", on_error, ("raise", "skip"))
-        size = check_size(where, "size", size)
-        train = check_bool(where, "train", train)
-        check_steps(normalize, pipeline)
-        self.seed = check_optional_int(where, "seed", seed)
-        self.storage_options = check_mapping(where, "storage_options", storage_options)
-        max_age = check_number(where, "listing_max_age", listing_max_age, low=0)
-        self.shuffle_window = check_int(where, "shuffle_window", shuffle_window, minimum=1)
+        max_age = self._take_arguments(
+            where, transform, target_transform, size=size, train=train, normalize=normalize,
+            pipeline=pipeline, cache=cache, on_error=on_error, seed=seed,
+            storage_options=storage_options, listing_max_age=listing_max_age,
+            shuffle_window=shuffle_window)
         columns = (column_name(where, "image_column", image_column, False),
                    column_name(where, "label_column", label_column, True))
-        check_callables(target_transform=target_transform)
-        self.transform, self.target_transform = transform, target_transform
-        self.pipeline, self.compiled = decode_steps(
-            default_loader, transform, pipeline, size, train, normalize, cache)
-        self.urls = expand_urls(files, self.storage_options)
-        self._cache: TieredCache | None = open_cache(cache)
-        opened = [self._url_to_fs(u) for u in self.urls]
-        if len({type(fs) for fs, _ in opened}) > 1:
-            raise ConfigError(f"ParquetImages reads files of one filesystem; {self.urls} mix "
-                              "protocols")
-        self.paths = [p for _, p in opened]
-        self._fs, self._pid = opened[0][0], os.getpid()
-        self.local = all(
-            fsspec.core.split_protocol(u)[0] in (None, "file", "local") for u in self.urls)
+        self._open_files(where, expand_urls(files, self.storage_options), "files")
         self.index: ParquetIndex = parquet_index(
             self._fs, self.urls, self.paths, columns=columns,  # type: ignore[arg-type]
             cache=self._cache, storage_options=self.storage_options, max_age=max_age)

@@ -4,10 +4,12 @@
 Both are declared datasets (NOTE [a declared dataset]) over a list of files of one fsspec
 filesystem, indexed once (``index``: labels, per-file versions), read in a shard-aware order
 (``_order``: NOTE [shard-aware order]) and, when remote with a disk cache, through the
-cache's shard store (``_shards``: NOTE [the shard store]). A subclass sets ``urls``,
-``storage_options``, ``paths``, ``index``, ``local``, ``_cache``, ``_order`` and ``_shards``
-in its ``__init__``, keeps its own filesystem per process (``fs``) and says which file a
-sample lies in (``_files_of``, for :meth:`ShardedImages.follow_epoch`).
+cache's shard store (``_shards``: NOTE [the shard store]). A subclass's ``__init__`` takes
+the arguments both share (:meth:`ShardedImages._take_arguments`: ImageFolder's, the cache,
+``shuffle_window``) and its files (:meth:`ShardedImages._open_files`: ``urls``, ``paths``,
+``local``), then sets ``index``, ``_order`` and ``_shards``; it keeps its own filesystem per
+process (``fs``) and says which file a sample lies in (``_files_of``, for
+:meth:`ShardedImages.follow_epoch`).
 
 NOTE [shards are checked every epoch]
 A sample is a byte range of its file at the version the index recorded. A file rewritten at
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -36,12 +39,26 @@ from typing import Any
 import fsspec
 import numpy as np
 
-from fastload.cache import TieredCache
+from fastload.arguments import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_mapping,
+    check_number,
+    check_optional_int,
+    check_size,
+)
+from fastload.cache import TieredCache, open_cache
 from fastload.cache.shardahead import ShardAhead
 from fastload.cache.shardsource import check_version
 from fastload.cache.shardstore import ShardRef, ShardStore
-from fastload.data.declared import DeclaredImages
+from fastload.data.declared import DeclaredImages, OnError
+from fastload.data.folder_args import check_callables, check_steps, decode_steps
+from fastload.data.folder_rules import default_loader
+from fastload.data.pipeline import ImagePipeline, Normalize
 from fastload.data.shard_order import ShardOrder
+from fastload.data.transforms import CompiledTransform
+from fastload.errors import ConfigError
 from fastload.io.origin import with_timeouts
 
 logger = logging.getLogger(__name__)
@@ -66,6 +83,45 @@ class ShardedImages(DeclaredImages):
     _warned_of: frozenset[str] = frozenset()  # what check_order / check_workers said once
 
     fs: Any  # each subclass keeps one per process
+    _fs: Any
+    _pid: int
+    compiled: CompiledTransform | None
+
+    def _take_arguments(
+        self, where: str, transform: Callable[[Any], Any] | None,
+        target_transform: Callable[[Any], Any] | None, *, size: int | tuple[int, int], train: bool,
+        normalize: bool | Normalize, pipeline: ImagePipeline | None, cache: Any, on_error: OnError,
+        seed: int | None, storage_options: dict[str, Any] | None, listing_max_age: float,
+        shuffle_window: int,
+    ) -> float:
+        """Check and keep the arguments both shard datasets take (``where`` names the class in
+        the errors), as ImageFolder does; opens the cache. Returns ``listing_max_age``."""
+        self.on_error: OnError = check_choice(  # type: ignore[assignment]
+            where, "on_error", on_error, ("raise", "skip"))
+        size = check_size(where, "size", size)
+        train = check_bool(where, "train", train)
+        check_steps(normalize, pipeline)
+        self.seed = check_optional_int(where, "seed", seed)
+        self.storage_options = check_mapping(where, "storage_options", storage_options)
+        max_age = check_number(where, "listing_max_age", listing_max_age, low=0)
+        self.shuffle_window = check_int(where, "shuffle_window", shuffle_window, minimum=1)
+        check_callables(target_transform=target_transform)
+        self.transform, self.target_transform = transform, target_transform
+        self.pipeline, self.compiled = decode_steps(
+            default_loader, transform, pipeline, size, train, normalize, cache)
+        self._cache = open_cache(cache)
+        return max_age
+
+    def _open_files(self, where: str, urls: list[str], what: str) -> Any:
+        """Keep ``urls``, their paths and whether all are local; returns the one filesystem
+        they are on (``what`` they are, "shards" or "files", for the error when they mix)."""
+        opened = [self._url_to_fs(u) for u in urls]
+        if len({type(fs) for fs, _ in opened}) > 1:
+            raise ConfigError(f"{where} reads {what} of one filesystem; {urls} mix protocols")
+        self.urls, self.paths = urls, [p for _, p in opened]
+        self._fs, self._pid = opened[0][0], os.getpid()
+        self.local = all(fsspec.core.split_protocol(u)[0] in (None, "file", "local") for u in urls)
+        return self._fs
 
     def _url_to_fs(self, url: str) -> tuple[Any, str]:
         return fsspec.core.url_to_fs(url, **with_timeouts(url, self.storage_options))

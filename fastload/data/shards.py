@@ -23,23 +23,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import fsspec
 import numpy as np
 
-from fastload.arguments import (
-    check_bool,
-    check_choice,
-    check_int,
-    check_mapping,
-    check_number,
-    check_optional_int,
-    check_size,
-)
-from fastload.cache import TieredCache, open_cache
 from fastload.data import batchinfo
 from fastload.data.declared import OnError
-from fastload.data.folder_args import check_callables, check_steps, decode_steps
-from fastload.data.folder_rules import default_loader
 from fastload.data.pipeline import ImagePipeline, Normalize
 from fastload.data.shard_build import shard_index
 from fastload.data.shard_cache_use import CachedShards, cached_range, shard_refs, store_range
@@ -48,7 +35,6 @@ from fastload.data.shard_order import ShardOrder
 from fastload.data.sharded import ShardedImages
 from fastload.data.stored_listing import DEFAULT_MAX_AGE_S
 from fastload.data.tarfiles import expand_braces
-from fastload.data.transforms import CompiledTransform
 from fastload.errors import ConfigError, EmptyDatasetError
 from fastload.io.errors import storage_error
 from fastload.io.origin import read_local_range
@@ -112,32 +98,17 @@ class TarShards(ShardedImages):
         listing_max_age: float = DEFAULT_MAX_AGE_S,
         shuffle_window: int = 4,
     ) -> None:
-        where = "TarShards"
-        self.on_error: OnError = check_choice(  # type: ignore[assignment]
-            where, "on_error", on_error, ("raise", "skip"))
-        size = check_size(where, "size", size)
-        train = check_bool(where, "train", train)
-        check_steps(normalize, pipeline)
-        self.seed = check_optional_int(where, "seed", seed)
-        self.storage_options = check_mapping(where, "storage_options", storage_options)
-        max_age = check_number(where, "listing_max_age", listing_max_age, low=0)
-        self.shuffle_window = check_int(where, "shuffle_window", shuffle_window, minimum=1)
-        check_callables(target_transform=target_transform)
-        self.transform, self.target_transform = transform, target_transform
-        self.compiled: CompiledTransform | None
-        self.pipeline, self.compiled = decode_steps(
-            default_loader, transform, pipeline, size, train, normalize, cache)
-        self.urls = _urls(shards)
-        self._cache: TieredCache | None = open_cache(cache)
-        fs, paths = self._open_all()
-        self.paths = paths
-        self.local = all(
-            fsspec.core.split_protocol(u)[0] in (None, "file", "local") for u in self.urls)
-        self.index: ShardIndex = shard_index(fs, self.urls, paths, cache=self._cache,
+        max_age = self._take_arguments(
+            "TarShards", transform, target_transform, size=size, train=train, normalize=normalize,
+            pipeline=pipeline, cache=cache, on_error=on_error, seed=seed,
+            storage_options=storage_options, listing_max_age=listing_max_age,
+            shuffle_window=shuffle_window)
+        fs = self._open_files("TarShards", _urls(shards), "shards")
+        self.index: ShardIndex = shard_index(fs, self.urls, self.paths, cache=self._cache,
                                              storage_options=self.storage_options, max_age=max_age)
         if len(self.index) == 0:
             raise EmptyDatasetError(
-                f"no samples with an image member ({', '.join(('jpg', 'jpeg', 'png', 'webp'))}) in "
+                "no samples with an image member (jpg, jpeg, png, webp) in "
                 f"{len(self.urls)} shard(s) starting {self.urls[0]}"
             )
         self.classes = self.index.classes
@@ -147,14 +118,6 @@ class TarShards(ShardedImages):
                           [version_size(v) for v in self.index.versions])
         self._shards = CachedShards.open(self._cache, refs, shuffle_window=self.shuffle_window,
                                          owner="TarShards", reads="shards", local=self.local)
-
-    def _open_all(self) -> tuple[Any, list[str]]:
-        opened = [self._url_to_fs(u) for u in self.urls]
-        if len({type(fs) for fs, _ in opened}) > 1:
-            raise ConfigError(
-                f"TarShards reads shards of one filesystem; {self.urls} mix protocols")
-        self._fs, self._pid = opened[0][0], os.getpid()
-        return opened[0][0], [p for _, p in opened]
 
     @property
     def fs(self) -> Any:
@@ -194,7 +157,7 @@ class TarShards(ShardedImages):
         return self._cache.key_of(member, self.index.versions[shard])
 
     def _origin(self, index: int) -> bytes:
-        shard, path, offset, length = self._where(index)
+        _, path, offset, length = self._where(index)
         if self.local:
             data = read_local_range(path, offset, length)
         else:
@@ -259,7 +222,7 @@ class TarShards(ShardedImages):
             try:
                 got = self.fs.cat_ranges([w[1] for w in where], [w[2] for w in where],
                                          [w[2] + w[3] for w in where], on_error="return")
-            except Exception as exc:  # the whole call failed: each sample reads its own
+            except Exception as exc:  # noqa: BLE001 - the whole call failed: each sample reads its own
                 got = [exc] * len(missing)
             for k, w, data in zip(missing, where, got):
                 if isinstance(data, bytes) and len(data) == w[3]:
