@@ -8,7 +8,6 @@ import logging
 import os
 import shutil
 import threading
-from pathlib import Path
 
 import pytest
 

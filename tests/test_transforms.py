@@ -25,7 +25,6 @@ from fastload import ConfigError, ImageFolder
 from fastload.data.pipeline import CenterCrop, HorizontalFlip, Normalize, RandomResizedCrop, Resize
 from fastload.data.sampling import SampleIndex
 from fastload.data.transforms import OnPIL, compile_transform
-from fastload.testing.synthetic import make_jpeg_folder
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
