@@ -121,6 +121,26 @@ def test_pyarrow_binary_column_name_labels_and_brace_patterns(jpeg_root, tmp_pat
     assert set(unlabeled.targets.tolist()) == {-1} and unlabeled[3][1] == -1
 
 
+def test_null_labels_are_named_at_build_unless_no_labels_were_asked_for(jpeg_root, tmp_path, caplog):
+    rows = images_of(jpeg_root)[:6]
+    images = pa.array([{"bytes": b, "path": key + ".jpg"} for key, b, _ in rows])
+    for name, labels in (("some", [0, None, 1, None, 2, 3]), ("none", [None] * 6)):
+        pq.write_table(pa.table({"image": images, "label": pa.array(labels, pa.int64())}),
+                       tmp_path / f"{name}.parquet", row_group_size=4)
+    caplog.clear()
+    ds = ParquetImages(str(tmp_path / "some.parquet"), size=32)
+    assert ds.targets.tolist() == [0, -1, 1, -1, 2, 3]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "2 of 6 samples have a null in label column 'label'" in warned[0]
+    assert "some.parquet (row group 0, row 1); " in warned[0] and "(row group 0, row 3)" in warned[0]
+    caplog.clear()
+    ParquetImages(str(tmp_path / "none.parquet"), size=32)  # a label column, null throughout
+    assert "all 6 samples of" in caplog.text and "every label is -1" in caplog.text
+    caplog.clear()
+    unlabeled = ParquetImages(str(tmp_path / "none.parquet"), size=32, label_column=None)
+    assert set(unlabeled.targets.tolist()) == {-1} and "label is -1" not in caplog.text
+
+
 @pytest.mark.parametrize("backend", ["threads", "torch", "dali"])
 def test_loader_gives_each_sample_once_with_every_engine(hf_files, backend):
     ds = ParquetImages(hf_files, size=32, train=True, seed=3, target_transform=lambda y: y * 10)

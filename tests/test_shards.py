@@ -130,6 +130,28 @@ def test_a_shard_gone_since_the_index_is_named_and_skipped(jpeg_root, tmp_path):
         raising[25]
 
 
+def test_samples_without_a_label_member_are_named_at_build(jpeg_root, tmp_path, caplog):
+    files = sorted(jpeg_root.rglob("*.jpg"))[:4]
+    with wds.TarWriter(str(tmp_path / "some-0.tar")) as sink:  # two of four with a label
+        for k, f in enumerate(files):
+            sink.write({"__key__": f"s{k}", "jpg": f.read_bytes(), **({"cls": b"1"} if k % 2 else {})})
+    with wds.TarWriter(str(tmp_path / "none-0.tar")) as sink:
+        for k, f in enumerate(files):
+            sink.write({"__key__": f"s{k}", "jpg": f.read_bytes()})
+    caplog.set_level("INFO", logger="fastload.data.sharded")
+    ds = TarShards(str(tmp_path / "some-0.tar"), size=32)
+    assert ds.targets.tolist() == [-1, 1, -1, 1]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "2 of 4 samples have no label member" in warned[0]
+    assert "some-0.tar#s0; " in warned[0] and "some-0.tar#s2" in warned[0]
+    caplog.clear()
+    unlabeled = TarShards(str(tmp_path / "none-0.tar"), size=32)  # no labels at all: said, not warned
+    assert set(unlabeled.targets.tolist()) == {-1}
+    said = [r for r in caplog.records if "every label is -1" in r.getMessage()]
+    assert [r.levelname for r in said] == ["INFO"]
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
 def test_the_index_is_stored_in_the_cache_and_reused(jpeg_root, tmp_path):
     pattern = write_shards(jpeg_root, tmp_path / "s")
     cache = {"disk": str(tmp_path / "cache")}

@@ -132,6 +132,9 @@ class ParquetImages(ShardedImages):
                                     f"{self.urls[0]}")
         self.classes = self.index.classes
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        label_column = self.index.columns["label"]  # None: no labels asked for
+        self._say_unlabelled(f"a null in label column {label_column!r}",
+                             if_all=None if label_column is None else logging.WARNING)
         self._order = ShardOrder(self.index.group_sizes(), self.shuffle_window,  # NOTE [row
                                  files=self.index.group_file)  # groups of files]
         self._shards = CachedShards.open(

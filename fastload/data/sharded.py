@@ -11,6 +11,17 @@ the arguments both share (:meth:`ShardedImages._take_arguments`: ImageFolder's, 
 process (``fs``) and says which file a sample lies in (``_files_of``, for
 :meth:`ShardedImages.follow_epoch`).
 
+NOTE [samples without a label]
+A tar shard's sample may lack a label member (``cls``/``txt``/``json``), and a Parquet label
+column may hold nulls; such a sample gets label -1, which a classification loss rejects only
+when its batch comes (``CrossEntropyLoss``: "Target -1 is out of bounds"; on a GPU a
+device-side assert), or, with ``ignore_index=-1``, trains on without it. So when some samples
+of a dataset have a label and others do not, building it warns, with the count and the first
+few samples (:meth:`ShardedImages._say_unlabelled`). Tar shards where no sample has one (a
+set without labels, for self-supervised training) get an info line; a Parquet label column
+that is null throughout, a warning; a Parquet dataset without labels is asked for by
+``label_column=None`` and says nothing.
+
 NOTE [shards are checked every epoch]
 A sample is a byte range of its file at the version the index recorded. A file rewritten at
 the origin (local or remote, cached or not) leaves every range of it meaningless, and a
@@ -122,6 +133,26 @@ class ShardedImages(DeclaredImages):
         self._fs, self._pid = opened[0][0], os.getpid()
         self.local = all(fsspec.core.split_protocol(u)[0] in (None, "file", "local") for u in urls)
         return self._fs
+
+    def _say_unlabelled(self, lacking: str, *, if_all: int | None) -> None:
+        """Log the samples whose label is -1 (they have ``lacking``): a warning when others have
+        one; when all lack one, at level ``if_all`` (None: not at all). NOTE [samples without
+        a label]."""
+        missing = np.flatnonzero(np.asarray(self.index.labels) < 0)
+        name, total = type(self).__name__, len(self.index)
+        if len(missing) == 0:
+            return
+        if len(missing) == total:
+            if if_all is not None:
+                logger.log(if_all, "%s: all %d samples of %s ... have %s: every label is -1",
+                           name, total, self.urls[0], lacking)
+            return
+        first = "; ".join(self.sample_url(int(i)) for i in missing[:3])
+        logger.warning(
+            "%s: %d of %d samples have %s, so their label is -1, which a classification loss "
+            "rejects when their batch comes; the first: %s. Give every sample a label (or drop "
+            "those without one) and build the dataset again", name, len(missing), total, lacking,
+            first)
 
     def _url_to_fs(self, url: str) -> tuple[Any, str]:
         return fsspec.core.url_to_fs(url, **with_timeouts(url, self.storage_options))

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -113,6 +114,8 @@ class TarShards(ShardedImages):
             )
         self.classes = self.index.classes
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        self._say_unlabelled("no label member (cls, txt or json, next to the image in the tar)",
+                             if_all=logging.INFO)
         self._order = ShardOrder(self.index.shard_sizes(), self.shuffle_window)
         refs = shard_refs(self.urls, self.paths, self.index.versions,
                           [version_size(v) for v in self.index.versions])
