@@ -18,7 +18,8 @@ import webdataset as wds
 
 from fastload import DataLoader, EpochSampler, ImageFolder, TarShards
 from fastload.data.shard_order import ShardOrder, shuffle_quality
-from fastload.data.tarfiles import expand_braces, index_url_of, split_key, write_dali_index
+from fastload.data.file_urls import expand_braces
+from fastload.data.tarfiles import index_url_of, split_key, write_dali_index
 from fastload.errors import ConfigError, CorruptSampleError, DatasetError, MissingSampleError
 from tests.contracts import sharded
 from tests.contracts.resume import interrupted, same_batches
@@ -54,6 +55,19 @@ def test_brace_patterns_expand_as_webdataset_does():
                                                    "/d/b-2.tar"]
     assert split_key("x/n01.a.b.jpg") == ("x/n01", "a.b.jpg")
     assert index_url_of("s3://b/x.tar") == "s3://b/x.idx"
+
+
+def test_globs_and_lists_name_the_shards_and_a_directory_is_refused_with_the_glob(shards):
+    urls = expand_braces(shards)
+    folder = Path(urls[0]).parent
+    assert TarShards(str(folder / "train-*.tar"), size=32).urls == urls  # sorted
+    assert TarShards([Path(u) for u in urls[:2]], size=32).urls == urls[:2]
+    with pytest.raises(ConfigError, match=r"is a directory: pass its tar shards as a glob \('.*/\*\.tar'\)"):
+        TarShards(str(folder), size=32)
+    with pytest.raises(DatasetError, match=r"no file matches .*nothing-\*\.tar"):
+        TarShards(str(folder / "nothing-*.tar"), size=32)
+    with pytest.raises(ConfigError, match=r"TarShards needs tar shard URLs: a glob"):
+        TarShards(7, size=32)
 
 
 def test_index_matches_the_tar_members_and_labels(shards, jpeg_root):

@@ -1,7 +1,7 @@
 """Building a :class:`~fastload.data.parquet_index.ParquetIndex` and keeping it in the cache.
 
-The URLs are expanded first (:func:`expand_urls`: brace patterns, then globs on the
-filesystem). Each file is then read concurrently (:data:`BUILD_JOBS` at once): one ``info``
+The URLs are expanded first (:func:`~fastload.data.file_urls.expand_urls`: brace patterns,
+then globs on the filesystem). Each file is then read concurrently (:data:`BUILD_JOBS` at once): one ``info``
 for its size and version, one range read of its end for the footer (the Parquet metadata:
 row groups, column chunks, the schema with Hugging Face's feature metadata), and one
 ``cat_ranges`` call for its label column's chunks. No image byte is read. The columns are
@@ -21,19 +21,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import fsspec
 
 from fastload.cache.tiered import TieredCache
 from fastload.data.index_blob import load_stored, store, stored_key
 from fastload.data.parquet_index import FORMAT, FileRows, ParquetIndex
 from fastload.data.parquet_read import decode_column, footer_of, read_metadata
-from fastload.data.tarfiles import expand_braces
 from fastload.errors import ConfigError, DatasetError
 from fastload.io.errors import storage_error
 from fastload.io.ranges import read_ranges
@@ -42,7 +39,7 @@ from fastload.io.versions import version_of
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "BUILD_JOBS", "IMAGE_COLUMNS", "LABEL_COLUMNS", "column_name", "expand_urls", "parquet_index",
+    "BUILD_JOBS", "IMAGE_COLUMNS", "LABEL_COLUMNS", "column_name", "parquet_index",
 ]
 
 BUILD_JOBS = 16
@@ -50,7 +47,6 @@ BUILD_JOBS = 16
 
 IMAGE_COLUMNS = ("image", "img")
 LABEL_COLUMNS = ("label", "labels")
-_GLOB = set("*?[")
 
 Columns = tuple[str, "str | None"]  # (image column or "auto", label column, "auto" or None)
 
@@ -63,37 +59,6 @@ def column_name(where: str, name: str, value: Any, allow_none: bool) -> str | No
         raise ConfigError(f"{where}({name}={value!r}): pass a column name, or 'auto' to take "
                           f"the first of the usual names{' (None: no labels)' if allow_none else ''}")
     return value
-
-
-def expand_urls(files: Any, storage_options: dict[str, Any]) -> list[str]:
-    """Every file the patterns in ``files`` (one, or a list) name, in order: brace patterns
-    expanded, and a pattern with ``*``, ``?`` or ``[`` globbed on its filesystem (sorted).
-    Local paths become absolute. ConfigError for anything but paths and URLs."""
-    given = [files] if isinstance(files, (str, os.PathLike)) else list(files)
-    if not given or not all(isinstance(u, (str, os.PathLike)) for u in given):
-        raise ConfigError(
-            "ParquetImages needs Parquet file URLs: a glob ('s3://b/train-*.parquet'), a brace "
-            f"pattern ('train-{{00000..00009}}.parquet'), a URL, a local path or a list; got "
-            f"{files!r}")
-    out: list[str] = []
-    for pattern in map(os.fspath, given):
-        for url in expand_braces(pattern):
-            head, _, last = url.rpartition("::")
-            protocol, path = fsspec.core.split_protocol(last)
-            if not _GLOB & set(path):
-                out.append(url if protocol or head else _absolute(url))
-                continue
-            _, _, found = fsspec.core.get_fs_token_paths(url, storage_options=storage_options)
-            if not found:
-                raise DatasetError(f"no file matches {url}: check the pattern and the storage")
-            prefix = (head + "::" if head else "") + (f"{protocol}://" if protocol else "")
-            out += [prefix + p if prefix and protocol not in ("file", "local") else p
-                    for p in sorted(found)]
-    return out
-
-
-def _absolute(path: str) -> str:
-    return os.path.abspath(os.path.expanduser(path))
 
 
 def _hf_class_names(schema: Any, label: str) -> list[str] | None:

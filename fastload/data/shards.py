@@ -35,24 +35,13 @@ from fastload.data.shard_index import ShardIndex
 from fastload.data.shard_order import ShardOrder
 from fastload.data.sharded import ShardedImages
 from fastload.data.stored_listing import DEFAULT_MAX_AGE_S
-from fastload.data.tarfiles import expand_braces
-from fastload.errors import ConfigError, EmptyDatasetError
+from fastload.data.file_urls import expand_urls
+from fastload.errors import EmptyDatasetError
 from fastload.io.errors import storage_error
 from fastload.io.origin import read_local_range
 from fastload.io.versions import version_size
 
 __all__ = ["TarShards"]
-
-
-def _urls(shards: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
-    given = [shards] if isinstance(shards, (str, os.PathLike)) else list(shards)
-    if not given or not all(isinstance(u, (str, os.PathLike)) for u in given):
-        raise ConfigError(
-            f"TarShards needs shard URLs: a brace pattern ('s3://b/train-{{000..009}}.tar'), a "
-            f"URL, a local path or a list of them; got {shards!r}"
-        )
-    urls = [u for pattern in given for u in expand_braces(os.fspath(pattern))]
-    return [u if "://" in u or "::" in u else os.path.abspath(os.path.expanduser(u)) for u in urls]
 
 
 class TarShards(ShardedImages):
@@ -61,8 +50,9 @@ class TarShards(ShardedImages):
     Takes :class:`~fastload.ImageFolder`'s arguments where they mean the same.
 
     Args:
-        shards: a brace pattern (``"s3://b/train-{000000..000146}.tar"``), one URL or local
-            path, or a list of them; any fsspec URL. All on one filesystem.
+        shards: a brace pattern (``"s3://b/train-{000000..000146}.tar"``), a glob
+            (``"s3://b/train-*.tar"``, sorted), one URL or local path, or a list of them; any
+            fsspec URL. All on one filesystem.
         transform: a torchvision transform, compiled into the decode as ImageFolder's.
         target_transform: called on each label, on every engine.
         size, train, normalize, pipeline: the declared steps, as ImageFolder's.
@@ -104,7 +94,8 @@ class TarShards(ShardedImages):
             pipeline=pipeline, cache=cache, on_error=on_error, seed=seed,
             storage_options=storage_options, listing_max_age=listing_max_age,
             shuffle_window=shuffle_window)
-        fs = self._open_files("TarShards", _urls(shards), "shards")
+        fs = self._open_files("TarShards", expand_urls(shards, self.storage_options, owner="TarShards",
+                                                        kind="tar shard"), "shards")
         self.index: ShardIndex = shard_index(fs, self.urls, self.paths, cache=self._cache,
                                              storage_options=self.storage_options, max_age=max_age)
         if len(self.index) == 0:

@@ -1,4 +1,4 @@
-"""WebDataset tar shards read by their headers: brace patterns, members, DALI index files.
+"""WebDataset tar shards read by their headers: members, DALI index files.
 
 A WebDataset shard is a plain (ustar/pax/gnu) tar file whose members are grouped into
 samples by *key*: the member's name up to the first dot of its last path part
@@ -11,15 +11,12 @@ the same read), and an index file next to the shard (DALI's ``wds2idx`` format, 
 
 Example::
 
-    >>> expand_braces("s3://b/train-{000..002}.tar")
-    ['s3://b/train-000.tar', 's3://b/train-001.tar', 's3://b/train-002.tar']
     >>> split_key("dir/a.b.jpg")
     ('dir/a', 'b.jpg')
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -28,7 +25,6 @@ __all__ = [
     "DALI_INDEX_VERSION",
     "Member",
     "WALK_BLOCK",
-    "expand_braces",
     "index_url_of",
     "member_header",
     "parse_dali_index",
@@ -45,8 +41,6 @@ WALK_BLOCK = 64 * 1024
 DALI_INDEX_VERSION = "v1.2"
 _REGULAR = (b"0", b"\0", b"7")  # type flags of a regular file's header
 
-_BRACE = re.compile(r"\{([^{}]*)\}")
-_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
 ReadAt = Callable[[int, int], bytes]
 """``(offset, length) -> bytes`` of a shard (fewer bytes at its end)."""
@@ -60,25 +54,6 @@ class Member:
     offset: int
     size: int
     data: bytes | None = None  # its bytes, when the walk read them with the header (small ones)
-
-
-def expand_braces(pattern: str) -> list[str]:
-    """Every URL a brace pattern names, in order: ``{000..009}`` (zero padding kept from
-    the wider bound), ``{a,b}``, nested and several per pattern, as webdataset expands them."""
-    match = _BRACE.search(pattern)
-    if match is None:
-        return [pattern]
-    body = match.group(1)
-    numbers = _RANGE.match(body)
-    if numbers:
-        lo, hi = numbers.group(1), numbers.group(2)
-        width = max(len(lo), len(hi)) if lo.startswith("0") or hi.startswith("0") else 0
-        step = 1 if int(hi) >= int(lo) else -1
-        parts = [str(i).zfill(width) for i in range(int(lo), int(hi) + step, step)]
-    else:
-        parts = body.split(",")
-    head, tail = pattern[: match.start()], pattern[match.end():]
-    return [url for part in parts for url in expand_braces(head + part + tail)]
 
 
 def split_key(name: str) -> tuple[str, str]:

@@ -1,0 +1,87 @@
+"""The files a shard dataset is given: brace patterns, globs, URLs, local paths.
+
+:class:`~fastload.TarShards` and :class:`~fastload.ParquetImages` take their files the same
+way: one pattern or a list; a brace pattern (``train-{000000..001281}.tar``, ``{a,b}``, as
+webdataset expands them) names each file in order; a pattern with ``*``, ``?`` or ``[`` is
+globbed on its filesystem (sorted); a local path becomes absolute. A local directory is
+refused with the pattern to pass instead (a shard dataset reads files, not folders).
+
+Example::
+
+    >>> expand_braces("s3://b/train-{000..002}.tar")
+    ['s3://b/train-000.tar', 's3://b/train-001.tar', 's3://b/train-002.tar']
+    >>> expand_urls("s3://b/train-*.tar", {}, owner="TarShards", kind="tar shard")
+    ['s3://b/train-000.tar', 's3://b/train-001.tar', ...]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import fsspec
+
+from fastload.errors import ConfigError, DatasetError
+
+__all__ = ["expand_braces", "expand_urls"]
+
+_BRACE = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+_GLOB = set("*?[")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Every URL a brace pattern names, in order: ``{000..009}`` (zero padding kept from
+    the wider bound), ``{a,b}``, nested and several per pattern, as webdataset expands them."""
+    match = _BRACE.search(pattern)
+    if match is None:
+        return [pattern]
+    body = match.group(1)
+    numbers = _RANGE.match(body)
+    if numbers:
+        lo, hi = numbers.group(1), numbers.group(2)
+        width = max(len(lo), len(hi)) if lo.startswith("0") or hi.startswith("0") else 0
+        step = 1 if int(hi) >= int(lo) else -1
+        parts = [str(i).zfill(width) for i in range(int(lo), int(hi) + step, step)]
+    else:
+        parts = body.split(",")
+    head, tail = pattern[: match.start()], pattern[match.end():]
+    return [url for part in parts for url in expand_braces(head + part + tail)]
+
+
+def expand_urls(files: Any, storage_options: dict[str, Any], *, owner: str, kind: str) -> list[str]:
+    """Every file the patterns in ``files`` (one, or a list) name, in order (see the module's
+    docstring). ``owner`` (the dataset class) and ``kind`` ("tar shard", "Parquet file") word
+    the errors: ConfigError for anything but paths and URLs, or a local directory;
+    DatasetError for a glob that matches nothing."""
+    suffix = ".tar" if kind == "tar shard" else ".parquet"
+    try:
+        given = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+    except TypeError:  # not iterable
+        given = []
+    if not given or not all(isinstance(u, (str, os.PathLike)) for u in given):
+        raise ConfigError(
+            f"{owner} needs {kind} URLs: a glob ('s3://b/train-*{suffix}'), a brace pattern "
+            f"('train-{{000..009}}{suffix}'), a URL, a local path or a list; got {files!r}")
+    out: list[str] = []
+    for pattern in map(os.fspath, given):
+        for url in expand_braces(pattern):
+            head, _, last = url.rpartition("::")
+            protocol, path = fsspec.core.split_protocol(last)
+            if not _GLOB & set(path):
+                if not (protocol or head):
+                    url = os.path.abspath(os.path.expanduser(url))
+                    if os.path.isdir(url):
+                        raise ConfigError(
+                            f"{owner} reads files, and {url} is a directory: pass its "
+                            f"{kind}s as a glob ('{os.path.join(url, '*' + suffix)}') or a list")
+                out.append(url)
+                continue
+            _, _, found = fsspec.core.get_fs_token_paths(url, storage_options=storage_options)
+            if not found:
+                raise DatasetError(f"no file matches {url}: check the pattern and the storage")
+            prefix = (head + "::" if head else "") + (f"{protocol}://" if protocol else "")
+            out += [prefix + p if prefix and protocol not in ("file", "local") else p
+                    for p in sorted(found)]
+    return out
