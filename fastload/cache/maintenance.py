@@ -277,16 +277,21 @@ def recorded_stats(tier: DiskTier) -> TierStats:
 
 def summary(tier: DiskTier) -> dict[str, Any]:
     """The directory's format ("packed" or "files", and what that means), entries, bytes, the
-    budget in effect and where it comes from, and the recorded counters."""
+    shard store's files and bytes, the budget in effect and where it comes from, and the
+    recorded counters."""
     entries, used = rescan(tier)
     recorded = recorded_stats(tier)
     lookups = recorded.hits + recorded.misses
+    shard_bytes, shards = (ShardFiles(tier.cache_dir).stored() if tier.cache_dir.has_shards()
+                           else (0, []))
     return {
         "directory": str(tier.directory),
         "format": tier.format,
         "format_description": tier.store.description,
         "entries": entries,
         "bytes": used,
+        "shard_files": len(shards),  # NOTE [the shard store]: whole files, not entries
+        "shard_bytes": shard_bytes,
         "budget": tier.budget,
         "budget_source": tier.budget_source,
         "read_only": tier.read_only,

@@ -9,7 +9,9 @@ warms every n-th object, so n nodes (each with its own disk) split a dataset. Wi
 cache with that derivation look up (NOTE [derived entries] in :mod:`fastload.cache.fills`).
 
 Reads run concurrently the way the storage serves them fastest and downloads are stored in
-batches (NOTE [warm pipeline] in :mod:`fastload.cache.warm_pipeline`). A warm stops early
+batches (NOTE [warm pipeline] in :mod:`fastload.cache.warm_pipeline`). Remote tar shards and
+Parquet files go whole into the cache's shard store, where ``TarShards`` and
+``ParquetImages`` read them (NOTE [warming shard files] in :mod:`fastload.cache.warm_shards`). A warm stops early
 when the origin looks down (NOTE [warm circuit breaker]) and raises
 :class:`~fastload.errors.OriginUnavailableError` with the counts, instead of failing every
 remaining object one timeout at a time.
@@ -27,10 +29,11 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fastload.cache.build import open_cache
+from fastload.cache.build import open_cache, open_shard_store
 from fastload.cache.disk import DiskTier
 from fastload.cache.warm_pipeline import Breaker, fill_shared
 from fastload.cache.warm_report import GIVE_UP_AFTER_S, MAX_FAILURES, WarmReport
+from fastload.cache.warm_shards import fill_shard_store, is_shard_file
 from fastload.errors import (
     CacheError,
     ConfigError,
@@ -61,7 +64,9 @@ def warm(
     derive: Derivation | None = None,
     read_timeout: float = READ_DEADLINE_S,
 ) -> WarmReport:
-    """Fetch every object below ``url`` (this shard of them) into the cache's shared tiers.
+    """Fetch every object below ``url`` (this shard of them) into the cache's shared tiers;
+    remote ``*.tar`` and ``*.parquet`` files whole into its shard store, where the shard
+    datasets read them (NOTE [warming shard files] in :mod:`fastload.cache.warm_shards`).
 
     Args:
         url: the dataset root (any fsspec URL).
@@ -176,8 +181,15 @@ def _warm(
 
     if jobs is None:
         jobs = default_jobs(storage.fs)
-    fill_shared(store, storage.fs, iter(mine), jobs=jobs, breaker=breaker, finished=finished,
-                deadline=read_timeout)
+    shards = None if storage.is_local else open_shard_store(store)
+    if shards is not None:  # NOTE [warming shard files]
+        whole = [(path, info) for path, info in mine if is_shard_file(path)]
+        mine = [(path, info) for path, info in mine if not is_shard_file(path)]
+        fill_shard_store(shards, storage.fs, whole, jobs=jobs, breaker=breaker,
+                         finished=finished, to_url=storage.to_url)
+    if not breaker.tripped:
+        fill_shared(store, storage.fs, iter(mine), jobs=jobs, breaker=breaker,
+                    finished=finished, deadline=read_timeout)
     report.failed.sort()
     if breaker.tripped:
         assert last is not None

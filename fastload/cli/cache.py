@@ -317,7 +317,7 @@ def stats_command(directory: str, as_json: bool) -> None:
         elif name == "budget":
             source = "set by disk_size" if summary["budget_source"] == "disk_size" else "default"
             shown = f"{_human(value)} ({value}, {source})"
-        elif name in ("bytes", "bytes_read", "bytes_written"):
+        elif name in ("bytes", "bytes_read", "bytes_written", "shard_bytes"):
             shown = f"{_human(value)} ({value})"
         elif name == "hit_rate":
             shown = "-" if value is None else f"{value:.1%}"
