@@ -66,3 +66,46 @@ def test_s3_cli_json(
     doc = json.loads(out)
     assert doc["inventory"]["files"] == 48
     assert doc["measurements"][0]["best_read_bytes_per_s"] > 0
+
+
+@pytest.fixture(scope="module")
+def s3_tar_shards(s3_server: Any, s3_options: dict[str, Any], jpeg_root: Any, tmp_path_factory: Any) -> str:
+    """The conftest's 48 JPEGs as 4 tar shards of 12 (webdataset's ShardWriter) on S3."""
+    from tests.fixtures.s3 import upload_folder
+    from tests.test_shards import write_shards
+
+    local = tmp_path_factory.mktemp("bench-shards")
+    write_shards(jpeg_root, local, per_shard=12)
+    return upload_folder(s3_options, local, "s3://bench-shards/train")
+
+
+def test_bench_over_tar_shards_counts_images_not_shards(
+    s3_server: Any, s3_options: dict[str, Any], s3_tar_shards: str, tmp_path: Any
+) -> None:
+    """NOTE [bench over shards]: a shard read whole is its 12 images; the emulation reads
+    TarShards, so its samples are images, decoded as in training."""
+    from fastload import TarShards
+    from fastload.bench.inventory import FileEntry
+    from fastload.bench.runner import emulation_dataset
+    from fastload.bench.shardsets import shard_kind
+
+    storage = Storage(s3_tar_shards, s3_options)
+    inv = take_inventory(storage)
+    assert inv.files == 4 and shard_kind(inv.entries) == "tar"
+    assert shard_kind([*inv.entries, FileEntry("bench-shards/notes.txt", 10)]) is None  # mixed: raw
+    assert shard_kind([FileEntry("b/train-0.parquet", 10)]) == "parquet"
+    assert isinstance(emulation_dataset(s3_tar_shards, storage, inv, None), TarShards)
+    report = run_bench(s3_tar_shards, gpus=1, model="resnet50", cache=str(tmp_path / "cache"),
+                       duration_s=4, max_concurrency=4, num_workers=0, storage_options=s3_options)
+    assert report.samples_per_file == 12.0
+    pillow = report.decode[0]
+    assert pillow.skipped_reason is None and pillow.images >= 12  # images taken from the shards
+    cold, _ = report.measurements
+    assert cold.probe.samples > 4  # images delivered, where 4 files were at most 4 samples before
+    images_per_s = cold.best_read.objects_per_s * 12  # the storage's rate in images
+    decoding = report.decode_images_per_s
+    assert report.limit(cold).startswith("decoding") == (images_per_s > decoding)
+    if images_per_s <= decoding:
+        assert f" files/s = {images_per_s:,.0f} images/s, " in report.limit(cold)
+    assert "once warm" in report.verdict
+    assert list((tmp_path / "cache").iterdir()) == []  # the scratch cache is removed

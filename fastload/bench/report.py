@@ -75,6 +75,7 @@ class BenchReport:
     cores: int
     cache: str | None = None
     gpus: int | None = None
+    samples_per_file: float = 1.0  # images in a file read whole (NOTE [bench over shards])
 
     @property
     def loader_workers(self) -> int:
@@ -94,12 +95,14 @@ class BenchReport:
     def limit(self, m: Measurements) -> str:
         """What bounds the feed under ``m``: storage reads or decoding, with the numbers."""
         best = m.best_read
+        samples = best.objects_per_s * self.samples_per_file
+        held = f" = {samples:,.0f} images/s" if self.samples_per_file != 1.0 else ""
         storage = (
-            f"storage reads ({best.objects_per_s:,.0f} files/s, "
+            f"storage reads ({best.objects_per_s:,.0f} files/s{held}, "
             f"{best.read_bytes_per_s / 1e6:,.0f} MB/s at concurrency {best.concurrency})"
         )
         decoding = self.decode_images_per_s
-        if decoding is None or best.objects_per_s <= decoding:
+        if decoding is None or samples <= decoding:
             return storage
         return f"decoding on {self.decode_cores} cores ({decoding:,.0f} images/s)"
 
@@ -158,6 +161,7 @@ class BenchReport:
             "inventory": self.inventory.to_json(),
             "decode": [d.to_json() for d in self.decode],
             "decode_images_per_s": self.decode_images_per_s,
+            "samples_per_file": self.samples_per_file,
             "measurements": [self._measurements_json(m) for m in self.measurements],
         }
 

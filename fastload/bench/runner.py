@@ -34,10 +34,12 @@ from torch.utils.data import Dataset, Subset
 from fastload.bench import accelerators, decode, throughput
 from fastload.bench.inventory import Inventory, take_inventory
 from fastload.bench.rawfiles import RawFiles
+from fastload.bench.shardsets import shard_dataset, shard_kind, shard_samples, warm_shards
 from fastload.bench.report import BenchReport, Measurements
 from fastload.bench.workloads import Workload, workload
 from fastload.errors import CacheError, ConfigError, EmptyDatasetError
 from fastload.data.images import ImageFolder
+from fastload.data.sharded import ShardedImages
 from fastload.loader import DataLoader
 from fastload.machine import usable_cpu_cores
 from fastload.settings import AUTO
@@ -107,7 +109,14 @@ def run_bench(
     tick("inventory", 0.0)
     inventory = take_inventory(storage)
     tick("inventory", 1.0)
-    samples = decode.read_samples(storage, inventory.entries)
+    kind = shard_kind(inventory.entries)  # NOTE [bench over shards]
+    shards = None if kind is None else shard_dataset(
+        kind, [storage.to_url(e.path) for e in inventory.entries], cache_dir=None,
+        storage_options=storage_options)
+    if shards is not None:
+        samples = shard_samples(shards)
+    else:
+        samples = decode.read_samples(storage, inventory.entries)
     decode_s = DECODE_SHARE * duration_s
     rates = (decode.pillow_rate(samples, seconds=decode_s),)
     tick("decode", 1.0)
@@ -124,6 +133,7 @@ def run_bench(
         cores=usable_cpu_cores(),
         cache=cache,
         gpus=gpus,
+        samples_per_file=1.0 if shards is None else len(shards) / max(1, inventory.files),
     )
 
 
@@ -175,7 +185,11 @@ def _measure_cached(
             dataset, work, opts, EMULATION_SHARE * budget, "cold", tick, subset, one_epoch=True
         )
         cold = Measurements("cold", tuple(cold_reads), ranges, cold_runs[0], tuple(cold_runs[1:]))
-        warm_up(train_storage, subset, concurrency=throughput.best_point(cold_reads).concurrency)
+        concurrency = throughput.best_point(cold_reads).concurrency
+        if isinstance(dataset, ShardedImages):  # its files whole in the shard store
+            warm_shards(origin, subset.entries, train_dir, jobs=concurrency)
+        else:
+            warm_up(train_storage, subset, concurrency=concurrency)
         tick("warm-up", 1.0)
         warm = _measure(url, "warm", train_storage, subset, work, opts, 0.5, tick, train_dir)
         return [cold, warm]
@@ -258,10 +272,16 @@ def _measure(
 def emulation_dataset(
     url: str, storage: Storage, inventory: Inventory, cache_dir: str | None
 ) -> Dataset:
-    """ImageFolder (decoded like training data) for class-per-folder images, else RawFiles.
-
-    Only the files of ``inventory`` take part (a subset of the folder under a cache).
+    """ImageFolder (decoded like training data) for class-per-folder images, TarShards or
+    ParquetImages for a folder of tar shards or Parquet files (NOTE [bench over shards]),
+    else RawFiles. Only the files of ``inventory`` take part (a subset under a cache).
     """
+    kind = shard_kind(inventory.entries)
+    if kind is not None:
+        shards = shard_dataset(kind, [storage.to_url(e.path) for e in inventory.entries],
+                               cache_dir=cache_dir, storage_options=storage.storage_options)
+        if shards is not None:
+            return shards
     if decode.image_entries(inventory.entries):
         try:
             images = ImageFolder(
@@ -290,7 +310,7 @@ def _emulate_all(
     one_epoch: bool = False,
 ) -> list[accelerators.Emulation]:
     """The feed-rate probe, then the requested N and the predicted largest N."""
-    batch = opts.batch_size or min(work.batch_size, EMULATION_BATCH, max(1, inventory.files // 8))
+    batch = opts.batch_size or min(work.batch_size, EMULATION_BATCH, max(1, len(dataset) // 8))
     collate = list if isinstance(dataset, RawFiles) else None
     loader = DataLoader(
         dataset, batch_size=batch, shuffle=True, num_workers=opts.num_workers, collate_fn=collate
