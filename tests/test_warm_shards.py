@@ -98,3 +98,17 @@ def s3fs_listing(options: dict, prefix: str) -> list[dict]:
     import s3fs
 
     return s3fs.S3FileSystem(**options).ls(prefix, detail=True)
+
+
+def test_a_chained_url_reads_the_shards_warmed_under_the_plain_one(s3_server, dataset, tmp_path):
+    """The shard store keys a file by its own URL: latency::s3://b/x.tar is s3://b/x.tar."""
+    from fastload.cache.warm import warm
+
+    cache = str(tmp_path / "cache")
+    options = s3_server.storage_options()
+    assert warm(f"{dataset}/tar", cache, storage_options=options).fetched == 4
+    chained = TarShards(f"latency::{dataset}/tar/train-*.tar", size=32, cache=cache,
+                        storage_options={"latency": {"latency": 0.0}, "s3": options})
+    s3_server.reset_counts()
+    assert len([y for _, ys in DataLoader(chained, batch_size=8, backend="threads") for y in ys]) == 48
+    assert chained.shard_store.downloads == 0 and s3_server.gets("warm-shards/ds/") == {}

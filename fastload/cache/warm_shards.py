@@ -9,8 +9,9 @@ an entry that nobody read, and the first epoch downloaded every shard again (4 o
 check against moto). So a warm puts the objects named ``*.tar`` or ``*.parquet`` (the files
 those datasets read) into the shard store instead: each downloaded whole with concurrent
 range requests (:mod:`.shardfetch`), :data:`SHARD_JOBS` at a time, under the key a dataset
-builds from its index (the URL and the version of the same listing fields), so a dataset
-over those URLs finds them and downloads nothing. Objects already there are skipped, as
+builds from its index (the file's own URL, ``fs.unstrip_protocol`` of its path, so that
+``latency::s3://b/x.tar`` and ``s3://b/x.tar`` are one file; and the version of the same
+listing fields), so a dataset over those URLs finds them and downloads nothing. Objects already there are skipped, as
 entries are; other objects are warmed as entries, as before. The shard store evicts the
 least recently used shard no process holds, so each warmed shard is held until the warm
 ends: a budget smaller than the files keeps the first ones and reports the rest as failed,

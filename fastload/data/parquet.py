@@ -140,7 +140,8 @@ class ParquetImages(ShardedImages):
         self._order = ShardOrder(self.index.group_sizes(), self.shuffle_window,  # NOTE [row
                                  files=self.index.group_file)  # groups of files]
         self._shards = CachedShards.open(
-            self._cache, shard_refs(self.urls, self.paths, self.index.versions, self.index.sizes),
+            self._cache, shard_refs(self._store_urls, self.paths, self.index.versions,
+                                    self.index.sizes),
             shuffle_window=self.shuffle_window, owner="ParquetImages",
             reads="row groups (from as many files)", local=self.local)
         self._process_state()

@@ -96,6 +96,7 @@ class ShardedImages(DeclaredImages):
     fs: Any  # each subclass keeps one per process
     _fs: Any
     _pid: int
+    _store_urls: list[str]
     compiled: CompiledTransform | None
 
     def _take_arguments(
@@ -131,6 +132,9 @@ class ShardedImages(DeclaredImages):
             raise ConfigError(f"{where} reads {what} of one filesystem; {urls} mix protocols")
         self.urls, self.paths = urls, [p for _, p in opened]
         self._fs, self._pid = opened[0][0], os.getpid()
+        # The shard store's keys: each file's own URL, as `cache warm` names it (a chained
+        # URL such as latency::s3://b/x.tar is the file s3://b/x.tar; NOTE [warming shard files])
+        self._store_urls = [fs.unstrip_protocol(p) for fs, p in opened]
         self.local = all(fsspec.core.split_protocol(u)[0] in (None, "file", "local") for u in urls)
         return self._fs
 

@@ -108,7 +108,7 @@ class TarShards(ShardedImages):
         self._say_unlabelled("no label member (cls, txt or json, next to the image in the tar)",
                              if_all=logging.INFO)
         self._order = ShardOrder(self.index.shard_sizes(), self.shuffle_window)
-        refs = shard_refs(self.urls, self.paths, self.index.versions,
+        refs = shard_refs(self._store_urls, self.paths, self.index.versions,
                           [version_size(v) for v in self.index.versions])
         self._shards = CachedShards.open(self._cache, refs, shuffle_window=self.shuffle_window,
                                          owner="TarShards", reads="shards", local=self.local)
