@@ -34,8 +34,8 @@ from torch.utils.data import Dataset, Subset
 from fastload.bench import accelerators, decode, throughput
 from fastload.bench.inventory import Inventory, take_inventory
 from fastload.bench.rawfiles import RawFiles
-from fastload.bench.shardsets import shard_dataset, shard_kind, shard_samples, warm_shards
 from fastload.bench.report import BenchReport, Measurements
+from fastload.bench.shardsets import shard_dataset, shard_kind, shard_samples, warm_shards
 from fastload.bench.workloads import Workload, workload
 from fastload.errors import CacheError, ConfigError, EmptyDatasetError
 from fastload.data.images import ImageFolder
@@ -121,7 +121,8 @@ def run_bench(
     rates = (decode.pillow_rate(samples, seconds=decode_s),)
     tick("decode", 1.0)
     if cache is None:
-        measured = [_measure(url, "origin", storage, inventory, work, opts, 1.0, tick, None)]
+        measured = [_measure(url, "origin", storage, inventory, work, opts, 1.0, tick, None,
+                             shards)]
     else:
         measured = _measure_cached(url, storage_options, inventory, work, opts, tick)
     return BenchReport(
@@ -242,8 +243,11 @@ def _measure(
     share: float,
     tick: Progress,
     cache_dir: str | None,
+    dataset: Dataset | None = None,
 ) -> Measurements:
-    """Reads, range reads (at the origin only) and the emulation under one condition."""
+    """Reads, range reads (at the origin only) and the emulation under one condition, over
+    ``dataset`` when given (the shard dataset ``run_bench`` built already), else
+    :func:`emulation_dataset`'s."""
     budget = opts.duration_s * share
     levels = throughput.concurrency_levels(opts.max_concurrency)
     reads = throughput.read_sweep(
@@ -264,7 +268,8 @@ def _measure(
             "measured at the origin under the cold condition (the cache keeps whole objects)"
         ))
     tick(f"{label} range reads", 1.0)
-    dataset = emulation_dataset(url, storage, inventory, cache_dir)
+    if dataset is None:
+        dataset = emulation_dataset(url, storage, inventory, cache_dir)
     runs = _emulate_all(dataset, work, opts, EMULATION_SHARE * budget, label, tick, inventory)
     return Measurements(label, tuple(reads), ranges, runs[0], tuple(runs[1:]))
 

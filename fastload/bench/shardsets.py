@@ -80,19 +80,22 @@ def warm_shards(storage: Any, entries: Sequence[FileEntry], cache_dir: str, *, j
     from fastload.cache.warm_pipeline import Breaker
     from fastload.cache.warm_shards import fill_shard_store
 
-    cache = open_cache(cache_dir)
-    store = open_shard_store(cache)
-    if store is None:
-        return
-    listing = storage.find(detail=True)
     failed: list[BaseException] = []
 
     def finished(_path: str, _url: str, _info: Any, _outcome: str, error: Any) -> None:
         if error is not None:
             failed.append(error)
 
-    fill_shard_store(store, storage.fs, [(e.path, listing[e.path]) for e in entries], jobs=jobs,
-                     breaker=Breaker(10, 60.0), finished=finished, to_url=storage.to_url)
-    cache.close()
+    cache = open_cache(cache_dir)
+    try:
+        store = open_shard_store(cache)
+        if store is None:
+            return
+        listing = storage.find(detail=True)
+        fill_shard_store(store, storage.fs, [(e.path, listing[e.path]) for e in entries],
+                         jobs=jobs, breaker=Breaker(10, 60.0), finished=finished,
+                         to_url=storage.to_url)
+    finally:
+        cache.close()
     if failed:
         raise failed[0]

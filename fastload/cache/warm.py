@@ -11,10 +11,10 @@ cache with that derivation look up (NOTE [derived entries] in :mod:`fastload.cac
 Reads run concurrently the way the storage serves them fastest and downloads are stored in
 batches (NOTE [warm pipeline] in :mod:`fastload.cache.warm_pipeline`). Remote tar shards and
 Parquet files go whole into the cache's shard store, where ``TarShards`` and
-``ParquetImages`` read them (NOTE [warming shard files] in :mod:`fastload.cache.warm_shards`). A warm stops early
-when the origin looks down (NOTE [warm circuit breaker]) and raises
-:class:`~fastload.errors.OriginUnavailableError` with the counts, instead of failing every
-remaining object one timeout at a time.
+``ParquetImages`` read them (NOTE [warming shard files] in
+:mod:`fastload.cache.warm_shards`). A warm stops early when the origin looks down (NOTE
+[warm circuit breaker]) and raises :class:`~fastload.errors.OriginUnavailableError` with the
+counts, instead of failing every remaining object one timeout at a time.
 
 Example::
 

@@ -11,11 +11,12 @@ those datasets read) into the shard store instead: each downloaded whole with co
 range requests (:mod:`.shardfetch`), :data:`SHARD_JOBS` at a time, under the key a dataset
 builds from its index (the file's own URL, ``fs.unstrip_protocol`` of its path, so that
 ``latency::s3://b/x.tar`` and ``s3://b/x.tar`` are one file; and the version of the same
-listing fields), so a dataset over those URLs finds them and downloads nothing. Objects already there are skipped, as
-entries are; other objects are warmed as entries, as before. The shard store evicts the
-least recently used shard no process holds, so each warmed shard is held until the warm
-ends: a budget smaller than the files keeps the first ones and reports the rest as failed,
-naming the budget to raise, rather than evicting what it warmed a moment before.
+listing fields), so a dataset over those URLs finds them and downloads nothing. Objects
+already there are skipped, as entries are; other objects are warmed as entries, as before.
+The shard store evicts the least recently used shard no process holds, so each warmed shard
+is held until the warm ends: a budget smaller than the files keeps the first ones and
+reports the rest as failed, naming the budget to raise, rather than evicting what it warmed
+a moment before.
 
 Local files and caches without a disk tier have no shard store (the datasets read local
 files directly, and range reads otherwise): their objects are warmed as entries.
@@ -98,8 +99,5 @@ def fill_shard_store(
                 else:
                     breaker.failure(error)
                 finished(path, to_url(path), info, outcome, error)
-            if breaker.tripped:
-                for _, _, future in futures:
-                    future.cancel()
     finally:
         store.release_all()

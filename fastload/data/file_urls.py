@@ -10,7 +10,7 @@ Example::
 
     >>> expand_braces("s3://b/train-{000..002}.tar")
     ['s3://b/train-000.tar', 's3://b/train-001.tar', 's3://b/train-002.tar']
-    >>> expand_urls("s3://b/train-*.tar", {}, owner="TarShards", kind="tar shard")
+    >>> expand_urls("s3://b/train-*.tar", {}, owner="TarShards", kind="tar shard", suffix=".tar")
     ['s3://b/train-000.tar', 's3://b/train-001.tar', ...]
 """
 
@@ -50,12 +50,12 @@ def expand_braces(pattern: str) -> list[str]:
     return [url for part in parts for url in expand_braces(head + part + tail)]
 
 
-def expand_urls(files: Any, storage_options: dict[str, Any], *, owner: str, kind: str) -> list[str]:
+def expand_urls(files: Any, storage_options: dict[str, Any], *, owner: str, kind: str,
+                suffix: str) -> list[str]:
     """Every file the patterns in ``files`` (one, or a list) name, in order (see the module's
-    docstring). ``owner`` (the dataset class) and ``kind`` ("tar shard", "Parquet file") word
-    the errors: ConfigError for anything but paths and URLs, or a local directory;
-    DatasetError for a glob that matches nothing."""
-    suffix = ".tar" if kind == "tar shard" else ".parquet"
+    docstring). ``owner`` (the dataset class), ``kind`` ("tar shard", "Parquet file") and
+    ``suffix`` (".tar", for the examples) word the errors: ConfigError for anything but paths
+    and URLs, or a local directory; DatasetError for a glob that matches nothing."""
     try:
         given = [files] if isinstance(files, (str, os.PathLike)) else list(files)
     except TypeError:  # not iterable

@@ -35,7 +35,6 @@ import numpy as np
 
 from fastload.data import batchinfo
 from fastload.data.declared import OnError
-from fastload.data.file_urls import expand_urls
 from fastload.data.parquet_build import column_name, parquet_index
 from fastload.data.parquet_index import ParquetIndex
 from fastload.data.parquet_read import GroupLRU, decode_column, pyarrow_parquet, read_metadata
@@ -124,8 +123,7 @@ class ParquetImages(ShardedImages):
             shuffle_window=shuffle_window)
         columns = (column_name(where, "image_column", image_column, False),
                    column_name(where, "label_column", label_column, True))
-        self._open_files(where, expand_urls(files, self.storage_options, owner=where,
-                                            kind="Parquet file"), "files")
+        self._open_files(where, files, kind="Parquet file", suffix=".parquet")
         self.index: ParquetIndex = parquet_index(
             self._fs, self.urls, self.paths, columns=columns,  # type: ignore[arg-type]
             cache=self._cache, storage_options=self.storage_options, max_age=max_age)

@@ -1,15 +1,15 @@
 """Building a :class:`~fastload.data.parquet_index.ParquetIndex` and keeping it in the cache.
 
 The URLs are expanded first (:func:`~fastload.data.file_urls.expand_urls`: brace patterns,
-then globs on the filesystem). Each file is then read concurrently (:data:`BUILD_JOBS` at once): one ``info``
-for its size and version, one range read of its end for the footer (the Parquet metadata:
-row groups, column chunks, the schema with Hugging Face's feature metadata), and one
-``cat_ranges`` call for its label column's chunks. No image byte is read. The columns are
-chosen from the first file's schema (``image``/``img`` and ``label``/``labels`` unless
-named) and checked in every file; class names come from the ``huggingface`` schema metadata
-(a ``ClassLabel``'s names) when present. The index is stored in the cache's shared tiers
-under a key of the URLs, the columns and the storage options, and reused for
-``listing_max_age`` seconds (NOTE [the stored listing]).
+then globs on the filesystem). Each file is then read concurrently (:data:`BUILD_JOBS` at
+once): one ``info`` for its size and version, one range read of its end for the footer (the
+Parquet metadata: row groups, column chunks, the schema with Hugging Face's feature
+metadata), and one ``cat_ranges`` call for its label column's chunks. No image byte is read.
+The columns are chosen from the first file's schema (``image``/``img`` and
+``label``/``labels`` unless named) and checked in every file; class names come from the
+``huggingface`` schema metadata (a ``ClassLabel``'s names) when present. The index is stored
+in the cache's shared tiers under a key of the URLs, the columns and the storage options,
+and reused for ``listing_max_age`` seconds (NOTE [the stored listing]).
 
 Example::
 
@@ -25,7 +25,6 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-
 
 from fastload.cache.tiered import TieredCache
 from fastload.data.index_blob import load_stored, store, stored_key

@@ -64,6 +64,7 @@ from fastload.cache.shardahead import ShardAhead
 from fastload.cache.shardsource import check_version
 from fastload.cache.shardstore import ShardRef, ShardStore
 from fastload.data.declared import DeclaredImages, OnError
+from fastload.data.file_urls import expand_urls
 from fastload.data.folder_args import check_callables, check_steps, decode_steps
 from fastload.data.folder_rules import default_loader
 from fastload.data.pipeline import ImagePipeline, Normalize
@@ -124,12 +125,14 @@ class ShardedImages(DeclaredImages):
         self._cache = open_cache(cache)
         return max_age
 
-    def _open_files(self, where: str, urls: list[str], what: str) -> Any:
-        """Keep ``urls``, their paths and whether all are local; returns the one filesystem
-        they are on (``what`` they are, "shards" or "files", for the error when they mix)."""
+    def _open_files(self, where: str, files: Any, *, kind: str, suffix: str) -> Any:
+        """Keep the URLs ``files`` names (:func:`~fastload.data.file_urls.expand_urls`; ``kind``
+        and ``suffix`` word its errors), their paths and whether all are local; returns the
+        one filesystem they are on."""
+        urls = expand_urls(files, self.storage_options, owner=where, kind=kind, suffix=suffix)
         opened = [self._url_to_fs(u) for u in urls]
         if len({type(fs) for fs, _ in opened}) > 1:
-            raise ConfigError(f"{where} reads {what} of one filesystem; {urls} mix protocols")
+            raise ConfigError(f"{where} reads {kind}s of one filesystem; {urls} mix protocols")
         self.urls, self.paths = urls, [p for _, p in opened]
         self._fs, self._pid = opened[0][0], os.getpid()
         # The shard store's keys: each file's own URL, as `cache warm` names it (a chained

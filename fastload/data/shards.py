@@ -35,7 +35,6 @@ from fastload.data.shard_index import ShardIndex
 from fastload.data.shard_order import ShardOrder
 from fastload.data.sharded import ShardedImages
 from fastload.data.stored_listing import DEFAULT_MAX_AGE_S
-from fastload.data.file_urls import expand_urls
 from fastload.errors import EmptyDatasetError
 from fastload.io.errors import storage_error
 from fastload.io.origin import read_local_range
@@ -94,8 +93,7 @@ class TarShards(ShardedImages):
             pipeline=pipeline, cache=cache, on_error=on_error, seed=seed,
             storage_options=storage_options, listing_max_age=listing_max_age,
             shuffle_window=shuffle_window)
-        fs = self._open_files("TarShards", expand_urls(shards, self.storage_options, owner="TarShards",
-                                                        kind="tar shard"), "shards")
+        fs = self._open_files("TarShards", shards, kind="tar shard", suffix=".tar")
         self.index: ShardIndex = shard_index(fs, self.urls, self.paths, cache=self._cache,
                                              storage_options=self.storage_options, max_age=max_age)
         if len(self.index) == 0:
@@ -216,7 +214,7 @@ class TarShards(ShardedImages):
             try:
                 got = self.fs.cat_ranges([w[1] for w in where], [w[2] for w in where],
                                          [w[2] + w[3] for w in where], on_error="return")
-            except Exception as exc:  # noqa: BLE001 - the whole call failed: each sample reads its own
+            except Exception as exc:  # noqa: BLE001 - the whole call failed: each reads its own
                 got = [exc] * len(missing)
             for k, w, data in zip(missing, where, got):
                 if isinstance(data, bytes) and len(data) == w[3]:
