@@ -116,6 +116,12 @@ class DeclaredImages(Dataset, abc.ABC):
         """Whether reads are local (an engine then needs no read threads of its own)."""
         return False
 
+    def fetch_fix(self) -> str | None:
+        """What to change when reading this dataset's bytes holds the loop up, naming its URL
+        and cache (NOTE [the source's own fix] in :mod:`.fetch_advice`); the loader's meter
+        prints it. None: the meter's general advice."""
+        return None
+
     @property
     def reads_current_versions(self) -> bool:
         """Whether each read checks its object's version (then no revalidation per epoch)."""

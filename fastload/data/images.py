@@ -39,6 +39,7 @@ from fastload.cache import TieredCache, open_cache
 from fastload.cache.filesystem import CachedReads
 from fastload.data import batchinfo, listing
 from fastload.data.declared import DeclaredImages, OnError
+from fastload.data.fetch_advice import cache_dir, folder_fix
 from fastload.data.folder_args import check_callables, check_root, check_steps, decode_steps
 from fastload.data.folder_rules import (
     IMAGE_EXTENSIONS,
@@ -215,6 +216,13 @@ class ImageFolder(TorchvisionFolder, DeclaredImages):
         if replaced and self._stored is not None:
             store_versions(self._stored, self.index)
         return changed
+
+    def fetch_fix(self) -> str:
+        """The fix the meter prints when reading these images holds the loop up (NOTE [the
+        source's own fix])."""
+        return folder_fix(type(self).__name__, self.root if self._listed_root else None,
+                          local=self.storage.is_local, cache_dir=cache_dir(self._cache),
+                          cached=self._cache is not None)
 
     @property
     def reads_current_versions(self) -> bool:

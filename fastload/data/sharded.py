@@ -64,6 +64,7 @@ from fastload.cache.shardahead import ShardAhead
 from fastload.cache.shardsource import check_version
 from fastload.cache.shardstore import ShardRef, ShardStore
 from fastload.data.declared import DeclaredImages, OnError
+from fastload.data.fetch_advice import cache_dir, shards_fix
 from fastload.data.file_urls import expand_urls
 from fastload.data.folder_args import check_callables, check_steps, decode_steps
 from fastload.data.folder_rules import default_loader
@@ -185,6 +186,13 @@ class ShardedImages(DeclaredImages):
     @property
     def reads_local_files(self) -> bool:
         return self.local
+
+    def fetch_fix(self) -> str:
+        """The fix the meter prints when reading these files holds the loop up (NOTE [the
+        source's own fix])."""
+        return shards_fix(type(self).__name__, list(self.urls), local=self.local,
+                          cache_dir=cache_dir(self._cache), cached=self._cache is not None,
+                          downloads=self._shards is not None)
 
     def __len__(self) -> int:
         return len(self.index)

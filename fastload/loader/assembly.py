@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -102,9 +103,22 @@ def attach_meter(
         if meter.gpu is None:
             meter.gpu = True
     meter.copy_split = feeder is not None
+    meter.fetch_fix = loader.dataset.fetch_fix() if declared else None
+    meter.engine_of = _engine_of(loader)
     # The workers' own counters (fastload.meter.workers), when torch was given our init.
     meter.watch_workers(loader.worker_parts.worker_init_fn if meter.num_workers else None)
     return meter
+
+
+def _engine_of(loader: DataLoader) -> Callable[[], str | None]:
+    """``loader.backend`` while the loader lives (the meter may outlive it)."""
+    ref = weakref.ref(loader)
+
+    def name() -> str | None:
+        held = ref()
+        return None if held is None else held.backend
+
+    return name
 
 
 def engine_plan(plan: Plan, loader: DataLoader) -> Any:

@@ -136,6 +136,19 @@ def wait_split(rec: Recording, steady: np.ndarray) -> tuple[float, float] | None
     return float(waited.mean()), float((end[ok] - start[ok] - waited).mean())
 
 
+def unmeasured_note(note: str | None, num_workers: int | None) -> str:
+    """Why a meter has no worker counters: ``note`` when its loader gave one, else what
+    ``num_workers`` implies."""
+    if note is not None:
+        return note
+    if num_workers == 0:
+        return "no worker processes (num_workers=0): batches are made inside next()"
+    return (
+        "worker busy share not measured: the workers were not started by a "
+        "fastload.DataLoader (measure() leaves a loader's workers as they are)"
+    )
+
+
 def summarize(
     rec: Recording,
     *,
@@ -145,8 +158,11 @@ def summarize(
     on_device: bool,
     workers: WorkerStats | None = None,
     workers_note: str | None = None,
+    fetch_fix: str | None = None,
+    engine: str | None = None,
 ) -> Summary:
-    """The :class:`Summary` of a recording on a machine with ``cores`` and ``gpus``.
+    """The :class:`Summary` of a recording on a machine with ``cores`` and ``gpus``;
+    ``fetch_fix`` and ``engine`` are what :func:`~.diagnosis.diagnose` takes.
 
     Example::
 
@@ -205,6 +221,8 @@ def summarize(
             on_device=on_device,
             workers=workers,
             receive_s=split[1] if split is not None else None,
+            fetch_fix=fetch_fix,
+            engine=engine,
         )
     else:
         diagnosis = Diagnosis("none", "measure more batches", "no batch has a complete step yet")
@@ -237,6 +255,7 @@ def summarize(
         verdict=verdict_for(judged) if steady.any() else Verdict.NOT,
         diagnosis=diagnosis,
         worker_stats=workers,
+        engine=engine,
         wait_for_workers_s=split[0] if split is not None else None,
         receive_s=split[1] if split is not None else None,
     )

@@ -34,8 +34,10 @@ Example::
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from fastload.meter.report import (
+    IN_PROCESS_ENGINES,
     IO_BOUND_CPU,
     MODERATELY_INPUT_BOUND,
     SATURATED,
@@ -57,9 +59,23 @@ TRANSCODE_HINT = (
 )
 
 
+FEW_WORKERS_PER_CORE = 4
+"""Worker processes per core (at least :data:`MOST_WORKERS_AT_LEAST`) past which the
+diagnosis stops asking for more: a worker waiting on storage needs no core, but each is a
+process with its own copy of the dataset, and a loop that needs more than that (a bare
+loop computes almost nothing per batch) needs fewer requests per sample, not more of them."""
+
+MOST_WORKERS_AT_LEAST = 32
+
+
 def workers_needed(work_s: float, compute_s: float) -> int:
     """Workers that produce one batch per ``compute_s`` when a batch costs ``work_s``."""
     return max(1, math.ceil(work_s / max(compute_s, 1e-6)))
+
+
+def most_workers(cores: int) -> int:
+    """The most workers the diagnosis asks for on ``cores`` usable cores."""
+    return max(MOST_WORKERS_AT_LEAST, FEW_WORKERS_PER_CORE * cores)
 
 
 def diagnose(
@@ -75,6 +91,8 @@ def diagnose(
     on_device: bool = False,
     workers: WorkerStats | None = None,
     receive_s: float | None = None,
+    fetch_fix: str | None = None,
+    engine: str | None = None,
 ) -> Diagnosis:
     """Name the bottleneck and the fix from per-batch means (seconds) and the machine.
 
@@ -88,6 +106,10 @@ def diagnose(
         workers: the workers' measured busy share and its make-up (:mod:`.workers`).
         receive_s: mean part of the wait after the batch's worker had finished it
             (NOTE [the wait split] in :mod:`.analysis`), None if unknown.
+        fetch_fix: the dataset's own fix when fetching is the bottleneck (NOTE [the source's
+            own fix] in :mod:`fastload.data.fetch_advice`), None for the general one.
+        engine: the fastload engine that made the batches, None if unknown; an in-process
+            one (threads, DALI) reads with threads of its own, not ``num_workers``.
 
     See NOTE [what the diagnosis tells apart].
     """
@@ -119,11 +141,37 @@ def diagnose(
     measured = workers is not None and workers.busy_share is not None
     if measured and _main_process_bound(workers, wait_s, receive_s):  # type: ignore[arg-type]
         return _diagnose_main(workers, wait_s, receive_s)  # type: ignore[arg-type]
+    fetch = _FetchFix(fetch_fix, engine, cores)
     if work is not None and work.total_s > 0:
-        return _diagnose_work(work, compute_s, num_workers, cores, gpus, workers)
+        return _diagnose_work(work, compute_s, num_workers, cores, gpus, workers, fetch)
     if measured:
-        return _diagnose_busy(workers, compute_s, cores)  # type: ignore[arg-type]
+        return _diagnose_busy(workers, compute_s, cores, fetch)  # type: ignore[arg-type]
     return _diagnose_unmeasured(wait_s, step_s, compute_s, num_workers, cores, workers)
+
+
+@dataclass(frozen=True)
+class _FetchFix:
+    """The fix for a fetch-bound loop: the dataset's own sentence (or the general one), and
+    more workers where more would do."""
+
+    own: str | None
+    engine: str | None
+    cores: int
+
+    @property
+    def in_process(self) -> bool:
+        return self.engine in IN_PROCESS_ENGINES
+
+    def text(self, need: int, workers: int | None) -> str:
+        fix = self.own or "enable the cache: ImageFolder(..., cache='~/.cache/fastload')"
+        if self.in_process or (workers is not None and need <= workers):
+            return fix  # an in-process engine reads with its own threads, not num_workers
+        if need <= most_workers(self.cores):
+            return f"{fix}; or raise num_workers to {need} (fetching waits on storage, not cores)"
+        return (
+            f"{fix}. More workers are no fix here: keeping up with this loop would take {need} "
+            "of them"
+        )
 
 
 def _main_process_bound(workers: WorkerStats, wait_s: float, receive_s: float | None) -> bool:
@@ -159,7 +207,7 @@ def _diagnose_main(workers: WorkerStats, wait_s: float, receive_s: float | None)
     )
 
 
-def _diagnose_busy(workers: WorkerStats, compute_s: float, cores: int) -> Diagnosis:
+def _diagnose_busy(workers: WorkerStats, compute_s: float, cores: int, fetch: _FetchFix) -> Diagnosis:
     per_batch = workers.busy_per_batch_s or 0.0
     need = workers_needed(per_batch, compute_s)
     n = workers.workers
@@ -175,12 +223,14 @@ def _diagnose_busy(workers: WorkerStats, compute_s: float, cores: int) -> Diagno
             fix += f", or {more}"
         return Diagnosis("collate", fix, evidence)
     if (workers.cpu_share or 0.0) < IO_BOUND_CPU:
+        if fetch.own is not None:
+            return Diagnosis("storage fetch", fetch.text(need, n), evidence)
         fix = (
             "the workers wait on storage, not on the CPU: cache the data near the loop "
             "(fastload.ImageFolder(..., cache='~/.cache/fastload'), which also prefetches the "
             "epoch's next files), or keep more requests in flight"
         )
-        fix += f": {more} (waiting workers need no cores)" if more else ""
+        fix += f": {more} (waiting workers need no cores)" if more and need <= most_workers(cores) else ""
         fix += ", or read with threads (backend='threads': 8 read threads for remote stores)"
         return Diagnosis("storage fetch", fix, evidence)
     if more and need <= cores:
@@ -206,7 +256,8 @@ def _diagnose_work(
     workers: int | None,
     cores: int,
     gpus: int,
-    stats: WorkerStats | None = None,
+    stats: WorkerStats | None,
+    fetch: _FetchFix,
 ) -> Diagnosis:
     need = workers_needed(work.total_s, compute_s)
     phases = {
@@ -217,18 +268,21 @@ def _diagnose_work(
     bottleneck = max(phases, key=phases.__getitem__)
     now = f"now {workers}" if workers is not None else "workers unknown"
     busy = f"; {_busy(stats)}" if stats is not None and stats.busy_share is not None else ""
+    spent = (
+        f"{_ms(work.total_s)} per batch (fetch {_ms(work.fetch_s)}, decode "
+        f"{_ms(work.decode_s)}, collate {_ms(work.collate_s)})"
+    )
     evidence = (
-        f"workers spend {_ms(work.total_s)} per batch (fetch {_ms(work.fetch_s)}, decode "
-        f"{_ms(work.decode_s)}, collate {_ms(work.collate_s)}); the loop computes "
-        f"{_ms(compute_s)} per batch, so {need} worker(s) keep up ({now}, {cores} usable "
-        f"cores){busy}"
+        f"the {fetch.engine} engine's threads spend {spent}; the loop computes "
+        f"{_ms(compute_s)} per batch, so {need} threads' worth of that work keep up ({now} "
+        f"threads, {cores} usable cores)"
+        if fetch.in_process
+        else f"workers spend {spent}; the loop computes {_ms(compute_s)} per batch, so "
+        f"{need} worker(s) keep up ({now}, {cores} usable cores){busy}"
     )
     can_raise = workers is None or need > workers
     if bottleneck == "storage fetch":
-        fix = "enable the cache: ImageFolder(..., cache='~/.cache/fastload')"
-        if can_raise:
-            fix += f", or raise num_workers to {need} (fetching waits on storage, not cores)"
-        return Diagnosis(bottleneck, fix, evidence)
+        return Diagnosis(bottleneck, fetch.text(need, workers), evidence)
     if can_raise and need <= cores:
         return Diagnosis(bottleneck, f"raise num_workers to {need}", evidence)
     if bottleneck == "decode/transform" and gpus:
@@ -259,7 +313,7 @@ def _diagnose_unmeasured(
 ) -> Diagnosis:
     if workers == 0:  # the whole batch is made inside next(): its cost is the wait
         need = workers_needed(wait_s, compute_s)
-        fix = f"raise num_workers to {need}"
+        fix = f"raise num_workers to {min(need, most_workers(cores))}"
         if need > cores:
             fix += f" (beyond {cores} cores this helps only if the dataset waits on I/O)"
         fix += "; or declare the dataset worker-safe: fastload_worker_safe = True on its class"

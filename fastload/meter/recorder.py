@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from fastload.errors import ConfigError
-from fastload.meter.analysis import Recording, batch_records, summarize
+from fastload.meter.analysis import Recording, batch_records, summarize, unmeasured_note
 from fastload.meter.cuda import CudaIdleProbe
 from fastload.meter.export import as_summary_writer, write_json, write_plot, write_tensorboard
 from fastload.meter.hotpath import InlinePass, MeteredIterator, counted, metered
@@ -64,6 +64,11 @@ if TYPE_CHECKING:
     from fastload.machine import Machine
 
 logger = logging.getLogger(__name__)
+
+
+def _unknown_engine() -> None:
+    return None
+
 
 class StarvationMeter:
     """Measures, per batch, how long a training loop waits for its input, and diagnoses why.
@@ -116,6 +121,10 @@ class StarvationMeter:
         # by a fastload DataLoader with workers; workers_note says why not when they are None.
         self.workers: WorkerCounters | None = None
         self.workers_note: str | None = None
+        # Set by a fastload DataLoader: the dataset's own fix for slow reads (NOTE [the
+        # source's own fix]) and its engine's name, which the diagnosis words its fix by.
+        self.fetch_fix: str | None = None
+        self.engine_of: Callable[[], str | None] = _unknown_engine
         self._tensorboard = as_summary_writer(tensorboard) if tensorboard is not None else None
         self.reset()
 
@@ -370,11 +379,14 @@ class StarvationMeter:
         return summarize(
             self.recording(),
             workers=self.worker_stats(),
-            workers_note=self._workers_note(),
+            workers_note=None if self.workers is not None else unmeasured_note(
+                self.workers_note, self.num_workers),
             num_workers=self.num_workers,
             cores=machine.cores_per_rank,
             gpus=machine.gpus,
             on_device=self.on_device,
+            fetch_fix=self.fetch_fix,
+            engine=self.engine_of(),
         )
 
     def records(self) -> list[dict[str, Any]]:
@@ -382,18 +394,6 @@ class StarvationMeter:
         if self._probe is not None:
             self._probe.flush()
         return batch_records(self.recording())
-
-    def _workers_note(self) -> str | None:
-        if self.workers is not None:
-            return None
-        if self.workers_note is not None:
-            return self.workers_note
-        if self.num_workers == 0:
-            return "no worker processes (num_workers=0): batches are made inside next()"
-        return (
-            "worker busy share not measured: the workers were not started by a "
-            "fastload.DataLoader (measure() leaves a loader's workers as they are)"
-        )
 
     def _report_period(self) -> None:
         n = len(self._end)

@@ -48,6 +48,9 @@ SATURATED = 0.6
 IO_BOUND_CPU = 0.2
 """Below this share of CPU time inside their busy time, busy workers wait on storage."""
 
+IN_PROCESS_ENGINES = frozenset({"threads", "dali"})
+"""fastload engines that make batches in the loop's process (``num_workers`` their threads)."""
+
 
 class Verdict(str, Enum):
     """How input-bound a training loop is, in the bands of NOTE [verdict bands]."""
@@ -150,6 +153,7 @@ class Summary:
     worker_stats: WorkerStats | None = None
     wait_for_workers_s: float | None = None
     receive_s: float | None = None
+    engine: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -184,7 +188,12 @@ class Summary:
             lines.append(f"  copy        {_ms(self.copy_mean_s)} per batch (host side, in the wait)")
         workers = "unknown" if self.num_workers is None else str(self.num_workers)
         ws = self.worker_stats
-        if ws is not None and ws.busy_share is not None:
+        if self.engine in IN_PROCESS_ENGINES:
+            lines.append(
+                f"  workers     none: the {self.engine} engine makes batches in the loop's "
+                f"process, {workers} threads on {self.cores} usable cores"
+            )
+        elif ws is not None and ws.busy_share is not None:
             lines.append(
                 f"  workers     {workers} on {self.cores} usable cores; busy "
                 f"{ws.busy_share:.1%} of their time, {_ms(ws.busy_per_batch_s or 0.0)} per "
