@@ -18,9 +18,9 @@ import webdataset as wds
 
 from fastload import DataLoader, EpochSampler, ImageFolder, TarShards
 from fastload.data.shard_order import ShardOrder, shuffle_quality
-from fastload.data.file_urls import expand_braces
 from fastload.data.tarfiles import index_url_of, split_key, write_dali_index
 from fastload.errors import ConfigError, CorruptSampleError, DatasetError, MissingSampleError
+from fastload.io.file_urls import expand_braces
 from tests.contracts import sharded
 from tests.contracts.resume import interrupted, same_batches
 

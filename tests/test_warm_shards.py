@@ -112,3 +112,31 @@ def test_a_chained_url_reads_the_shards_warmed_under_the_plain_one(s3_server, da
     s3_server.reset_counts()
     assert len([y for _, ys in DataLoader(chained, batch_size=8, backend="threads") for y in ys]) == 48
     assert chained.shard_store.downloads == 0 and s3_server.gets("warm-shards/ds/") == {}
+
+
+def test_a_warm_of_the_datasets_own_pattern_fills_only_its_files(s3_server, dataset, tmp_path):
+    """`cache warm` takes the brace pattern or glob a TarShards was given, not only a folder."""
+    cache = str(tmp_path / "cache")
+    opts = ["-o", f"endpoint_url={s3_server.endpoint}", "-o", "use_listings_cache=false"]
+    pattern = f"{dataset}/tar/train-{{000001..000002}}.tar"
+    run = fastload("cache", "warm", pattern, "--cache", cache, *opts, "--json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert report["url"] == pattern and report["files"] == report["fetched"] == 2
+    stats = json.loads(fastload("cache", "stats", cache, "--json").stdout)
+    assert stats["shard_files"] == 2 and stats["entries"] == 0  # not the other shards, nor README
+
+    shards = TarShards(pattern, storage_options=s3_server.storage_options(), cache=cache, size=32)
+    s3_server.reset_counts()
+    assert len([y for _, ys in DataLoader(shards, batch_size=8, backend="threads") for y in ys]) == 24
+    assert shards.shard_store.downloads == 0 and s3_server.gets("warm-shards/ds/") == {}
+
+    every = fastload("cache", "warm", f"{dataset}/*/train-*", "--cache", cache, *opts, "--json")
+    assert every.returncode == 0, every.stdout + every.stderr
+    assert json.loads(every.stdout)["files"] == 6 and json.loads(every.stdout)["skipped"] == 2
+
+    missing = fastload("cache", "warm", f"{dataset}/tar/train-{{000003..000005}}.tar", "--cache",
+                       cache, *opts)
+    assert missing.returncode == 2, missing.stdout + missing.stderr
+    assert (f"{dataset}/tar/train-000004.tar and 1 more named by the pattern do not exist"
+            in missing.stderr)

@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,7 @@ from fastload.errors import (
     OriginUnavailableError,
 )
 from fastload.io.fetch import default_jobs
+from fastload.io.file_urls import expand_urls, is_pattern
 from fastload.io.origin import READ_DEADLINE_S, is_unavailable
 from fastload.io.storage import Storage
 
@@ -69,7 +71,9 @@ def warm(
     datasets read them (NOTE [warming shard files] in :mod:`fastload.cache.warm_shards`).
 
     Args:
-        url: the dataset root (any fsspec URL).
+        url: the dataset root (any fsspec URL), or a brace pattern or glob of its files as
+            :class:`~fastload.TarShards` takes them (``s3://b/train-{0000..1023}.tar``):
+            then only those (a file the pattern names that does not exist raises).
         cache: a cache spec (a directory, a dict, a CacheConfig...); needs a disk or Redis tier.
         jobs: requests in flight on a remote (async) store, at most this many objects
             between request and store; reader threads on a local or other sync one.
@@ -141,7 +145,9 @@ def _warm(
     read_timeout: float,
 ) -> WarmReport:
     index, count = shard
-    storage = Storage(url, storage_options)
+    files = expand_urls(url, storage_options or {}, owner="cache warm", kind="file",
+                        suffix=".tar") if is_pattern(url) else None
+    storage = Storage(url if files is None else _folder_of(url, files), storage_options)
     try:
         listing = storage.find(detail=True)
     except ObjectNotFoundError:
@@ -154,9 +160,11 @@ def _warm(
             f"and reachable, then run the same command again",
             url=storage.url, last_error=str(exc),
         ) from exc
+    if files is not None:
+        listing = _named(storage, listing, files, url)
     mine = list(listing.items())[index::count]
     nbytes = sum(int(info.get("size") or 0) for _, info in mine)
-    report = WarmReport(url=storage.url, files=len(mine), bytes=nbytes)
+    report = WarmReport(url=storage.url if files is None else url, files=len(mine), bytes=nbytes)
     if on_start is not None:
         on_start(report.files, report.bytes)
     last: BaseException | None = None
@@ -202,3 +210,27 @@ def _warm(
             failed=len(report.failed), last_error=str(last), report=report,
         ) from last
     return report
+
+
+def _folder_of(pattern: str, files: list[str]) -> str:
+    """The deepest folder holding every file a pattern named: what the warm lists once."""
+    folder = os.path.commonprefix(files).rpartition("/")[0]
+    if not folder or folder.endswith((":/", ":")):
+        raise ConfigError(
+            f"cache warm {pattern}: its files lie in more than one bucket ({files[0]}, "
+            f"{files[-1]}); warm each bucket with a pattern of its own")
+    return folder
+
+
+def _named(storage: Storage, listing: dict[str, Any], files: list[str],
+           pattern: str) -> dict[str, Any]:
+    """The listing's entries of ``files`` (URLs below ``storage.url``), in their order;
+    files the pattern named that the listing lacks raise, naming the first."""
+    paths = [storage.root + f[len(storage.url):] for f in files]
+    missing = [f for f, p in zip(files, paths) if p not in listing]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise ObjectNotFoundError(
+            f"cache warm {pattern}: {missing[0]}{more} named by the pattern do not exist at "
+            f"{storage.url}; check the pattern (a brace range names every file in it)")
+    return {p: listing[p] for p in dict.fromkeys(paths)}

@@ -1,6 +1,6 @@
 """Building a :class:`~fastload.data.parquet_index.ParquetIndex` and keeping it in the cache.
 
-The URLs are expanded first (:func:`~fastload.data.file_urls.expand_urls`: brace patterns,
+The URLs are expanded first (:func:`~fastload.io.file_urls.expand_urls`: brace patterns,
 then globs on the filesystem). Each file is then read concurrently (:data:`BUILD_JOBS` at
 once): one ``info`` for its size and version, one range read of its end for the footer (the
 Parquet metadata: row groups, column chunks, the schema with Hugging Face's feature

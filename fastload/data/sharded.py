@@ -65,13 +65,13 @@ from fastload.cache.shardsource import check_version
 from fastload.cache.shardstore import ShardRef, ShardStore
 from fastload.data.declared import DeclaredImages, OnError
 from fastload.data.fetch_advice import cache_dir, shards_fix
-from fastload.data.file_urls import expand_urls
 from fastload.data.folder_args import check_callables, check_steps, decode_steps
 from fastload.data.folder_rules import default_loader
 from fastload.data.pipeline import ImagePipeline, Normalize
 from fastload.data.shard_order import ShardOrder
 from fastload.data.transforms import CompiledTransform
 from fastload.errors import ConfigError
+from fastload.io.file_urls import expand_urls
 from fastload.io.origin import with_timeouts
 
 logger = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class ShardedImages(DeclaredImages):
         return max_age
 
     def _open_files(self, where: str, files: Any, *, kind: str, suffix: str) -> Any:
-        """Keep the URLs ``files`` names (:func:`~fastload.data.file_urls.expand_urls`; ``kind``
+        """Keep the URLs ``files`` names (:func:`~fastload.io.file_urls.expand_urls`; ``kind``
         and ``suffix`` word its errors), their paths and whether all are local; returns the
         one filesystem they are on."""
         urls = expand_urls(files, self.storage_options, owner=where, kind=kind, suffix=suffix)

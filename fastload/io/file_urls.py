@@ -1,7 +1,8 @@
-"""The files a shard dataset is given: brace patterns, globs, URLs, local paths.
+"""The files a shard dataset (or ``fastload cache warm``) is given: brace patterns, globs,
+URLs, local paths.
 
 :class:`~fastload.TarShards` and :class:`~fastload.ParquetImages` take their files the same
-way: one pattern or a list; a brace pattern (``train-{000000..001281}.tar``, ``{a,b}``, as
+way, and ``fastload cache warm`` takes the same patterns: one pattern or a list; a brace pattern (``train-{000000..001281}.tar``, ``{a,b}``, as
 webdataset expands them) names each file in order; a pattern with ``*``, ``?`` or ``[`` is
 globbed on its filesystem (sorted); a local path becomes absolute. A local directory is
 refused with the pattern to pass instead (a shard dataset reads files, not folders).
@@ -24,11 +25,18 @@ import fsspec
 
 from fastload.errors import ConfigError, DatasetError
 
-__all__ = ["expand_braces", "expand_urls"]
+__all__ = ["expand_braces", "expand_urls", "is_pattern"]
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 _GLOB = set("*?[")
+
+
+def is_pattern(url: str) -> bool:
+    """Whether ``url`` names files by a brace pattern or a glob rather than one file or
+    folder (the protocol part and a chained URL's heads are not looked at)."""
+    _, path = fsspec.core.split_protocol(url.rpartition("::")[2])
+    return bool(_BRACE.search(path)) or bool(_GLOB & set(path))
 
 
 def expand_braces(pattern: str) -> list[str]:
