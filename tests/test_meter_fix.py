@@ -10,6 +10,7 @@ import pytest
 from torch.utils.data import TensorDataset
 
 from fastload import DataLoader, ImageFolder, TarShards
+from fastload.errors import ConfigError
 from fastload.meter import WorkerWork, diagnose
 from fastload.meter.diagnosis import most_workers
 from tests.fixtures.s3 import upload_folder
@@ -141,3 +142,23 @@ def test_a_dataset_of_ones_own_gets_the_general_fix():
     loader = DataLoader(TensorDataset(torch.arange(8)), batch_size=4)
     assert loader.meter.fetch_fix is None
     assert loader.meter.engine_of() == "torch"
+
+
+def test_a_decode_bound_shard_dataset_is_told_to_pack_smaller_not_to_transcode_its_cache(
+    local_shards, tmp_path
+):
+    numbers = {"share": 0.9, "wait_s": 0.045, "step_s": 0.050, "copy_s": None,
+               "work": WorkerWork(fetch_s=0.004, decode_s=0.400, collate_s=0.0), "num_workers": 2,
+               "cores": 2, "gpus": 0, "engine": "threads"}
+    shards = TarShards(local_shards, size=32)
+    d = diagnose(**numbers, smaller_fix=shards.smaller_fix())
+    assert d.bottleneck == "decode/transform"
+    assert "to decode fewer pixels, pack the original images again" in d.fix
+    assert "`fastload pack SRC DST --transcode 256`" in d.fix and "transcoded cache tier does not" in d.fix
+    assert "opt in to the transcoded cache tier" in diagnose(**numbers).fix  # a folder's way
+    loader = DataLoader(shards, batch_size=8, backend="threads")
+    assert loader.meter.smaller_fix == shards.smaller_fix()
+
+    with pytest.raises(ConfigError, match=r"TarShards\(cache=\{\.\.\., 'transcode': \.\.\.\}\): "
+                       r"the transcoded tier .* would do nothing.*fastload pack SRC DST --transcode"):
+        TarShards(local_shards, cache={"disk": str(tmp_path / "c"), "transcode": {"max_side": 64}})

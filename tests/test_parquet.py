@@ -21,6 +21,7 @@ datasets = pytest.importorskip("datasets")
 
 from fastload import DataLoader, EpochSampler, ImageFolder, ParquetImages
 from fastload.errors import (
+    ConfigError,
     CorruptSampleError,
     DatasetError,
     MissingSampleError,
@@ -385,3 +386,9 @@ def test_bad_arguments_say_what_to_pass(hf_files):
         ParquetImages(hf_files, image_column=3)
     with pytest.raises(ConfigError, match="on_error"):
         ParquetImages(hf_files, on_error="ignore")
+
+
+def test_a_cache_that_asks_for_transcoding_is_refused_with_the_pack_to_use(hf_files, tmp_path):
+    with pytest.raises(ConfigError, match=r"ParquetImages\(cache=.*would do nothing.*"
+                                          r"fastload pack SRC DST --transcode 256"):
+        ParquetImages(hf_files, cache={"disk": str(tmp_path / "c"), "transcode": {"max_side": 64}})

@@ -122,6 +122,11 @@ class DeclaredImages(Dataset, abc.ABC):
         prints it. None: the meter's general advice."""
         return None
 
+    def smaller_fix(self) -> str | None:
+        """How to decode fewer pixels of this dataset when decoding holds the loop up, for
+        the meter to print; None: the transcoded cache tier (an ImageFolder's)."""
+        return None
+
     @property
     def reads_current_versions(self) -> bool:
         """Whether each read checks its object's version (then no revalidation per epoch)."""

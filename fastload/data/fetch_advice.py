@@ -1,4 +1,4 @@
-"""What to change when reading a declared dataset's bytes is what holds the loop up.
+"""What to change when reading a declared dataset's bytes (or decoding them) holds the loop up.
 
 NOTE [the source's own fix]
 The meter's diagnosis (:mod:`fastload.meter.diagnosis`) measures how long a batch's reads
@@ -11,7 +11,11 @@ cache are read range by range (a disk cache downloads them whole ahead of the or
 local files that are slow to read are a slow disk or a network mount. Each declared dataset
 says which of these it is (``DeclaredImages.fetch_fix``), naming its own URL and cache
 directory, and a :class:`fastload.DataLoader` hands that sentence to its meter, which
-prints it as the fix (without it the meter can only say "enable the cache").
+prints it as the fix (without it the meter can only say "enable the cache"). The same
+goes for decoding fewer pixels when decoding is the bottleneck: an ImageFolder's cache can
+keep its images re-encoded smaller (the transcoded tier), while shards are kept whole, so a
+shard dataset says to pack the images again with ``fastload pack --transcode``
+(``DeclaredImages.smaller_fix``), and refuses a cache that asks for transcoding.
 
 Example::
 
@@ -25,7 +29,7 @@ import os
 import posixpath
 from typing import Any
 
-__all__ = ["cache_dir", "folder_fix", "shards_fix"]
+__all__ = ["cache_dir", "folder_fix", "shards_fix", "smaller_shards_fix"]
 
 _DEFAULT_DIR = "~/.cache/fastload"
 
@@ -108,4 +112,15 @@ def shards_fix(name: str, urls: list[str], *, local: bool, cache_dir: str | None
         f"{name} reads {files} range by range and keeps nothing: pass cache={_DEFAULT_DIR!r}, "
         f"into which it downloads whole files ahead of the epoch's order (`fastload cache warm "
         f"{folder} --cache DIR` fills it before training)"
+    )
+
+
+def smaller_shards_fix(name: str) -> str:
+    """How a shard dataset (``name`` its class) decodes fewer pixels: the transcoded cache
+    tier re-encodes an ImageFolder's files one by one, and shards are kept whole."""
+    return (
+        "pack the original images again with smaller sides (`fastload pack SRC DST "
+        "--transcode 256`; it changes pixels: pick a side at least the size you crop to) and "
+        f"read DST with fastload.TarShards; {name}'s shards are kept whole, so the transcoded "
+        "cache tier does not apply to them"
     )

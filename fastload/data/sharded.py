@@ -64,7 +64,7 @@ from fastload.cache.shardahead import ShardAhead
 from fastload.cache.shardsource import check_version
 from fastload.cache.shardstore import ShardRef, ShardStore
 from fastload.data.declared import DeclaredImages, OnError
-from fastload.data.fetch_advice import cache_dir, shards_fix
+from fastload.data.fetch_advice import cache_dir, shards_fix, smaller_shards_fix
 from fastload.data.folder_args import check_callables, check_steps, decode_steps
 from fastload.data.folder_rules import default_loader
 from fastload.data.pipeline import ImagePipeline, Normalize
@@ -124,6 +124,14 @@ class ShardedImages(DeclaredImages):
         self.pipeline, self.compiled = decode_steps(
             default_loader, transform, pipeline, size, train, normalize, cache)
         self._cache = open_cache(cache)
+        if self._cache is not None and self._cache.config.transcode is not None:
+            self._cache.close()
+            raise ConfigError(
+                f"{where}(cache={{..., 'transcode': ...}}): the transcoded tier re-encodes the "
+                f"images an ImageFolder caches one by one, and {where} keeps its files whole, so "
+                "it would do nothing. To decode fewer pixels, pack the original images with "
+                "smaller sides once (`fastload pack SRC DST --transcode 256`; it changes pixels: "
+                "pick a side at least the size you crop to) and read DST; or drop 'transcode'")
         return max_age
 
     def _open_files(self, where: str, files: Any, *, kind: str, suffix: str) -> Any:
@@ -193,6 +201,10 @@ class ShardedImages(DeclaredImages):
         return shards_fix(type(self).__name__, list(self.urls), local=self.local,
                           cache_dir=cache_dir(self._cache), cached=self._cache is not None,
                           downloads=self._shards is not None)
+
+    def smaller_fix(self) -> str:
+        """How to decode fewer pixels: shards are read whole, so re-pack them smaller."""
+        return smaller_shards_fix(type(self).__name__)
 
     def __len__(self) -> int:
         return len(self.index)

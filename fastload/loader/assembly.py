@@ -104,6 +104,7 @@ def attach_meter(
             meter.gpu = True
     meter.copy_split = feeder is not None
     meter.fetch_fix = loader.dataset.fetch_fix() if declared else None
+    meter.smaller_fix = loader.dataset.smaller_fix() if declared else None
     meter.engine_of = _engine_of(loader)
     # The workers' own counters (fastload.meter.workers), when torch was given our init.
     meter.watch_workers(loader.worker_parts.worker_init_fn if meter.num_workers else None)

@@ -159,10 +159,11 @@ def summarize(
     workers: WorkerStats | None = None,
     workers_note: str | None = None,
     fetch_fix: str | None = None,
+    smaller_fix: str | None = None,
     engine: str | None = None,
 ) -> Summary:
     """The :class:`Summary` of a recording on a machine with ``cores`` and ``gpus``;
-    ``fetch_fix`` and ``engine`` are what :func:`~.diagnosis.diagnose` takes.
+    ``fetch_fix``, ``smaller_fix`` and ``engine`` are what :func:`~.diagnosis.diagnose` takes.
 
     Example::
 
@@ -222,6 +223,7 @@ def summarize(
             workers=workers,
             receive_s=split[1] if split is not None else None,
             fetch_fix=fetch_fix,
+            smaller_fix=smaller_fix,
             engine=engine,
         )
     else:

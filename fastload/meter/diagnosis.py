@@ -92,6 +92,7 @@ def diagnose(
     workers: WorkerStats | None = None,
     receive_s: float | None = None,
     fetch_fix: str | None = None,
+    smaller_fix: str | None = None,
     engine: str | None = None,
 ) -> Diagnosis:
     """Name the bottleneck and the fix from per-batch means (seconds) and the machine.
@@ -108,6 +109,8 @@ def diagnose(
             (NOTE [the wait split] in :mod:`.analysis`), None if unknown.
         fetch_fix: the dataset's own fix when fetching is the bottleneck (NOTE [the source's
             own fix] in :mod:`fastload.data.fetch_advice`), None for the general one.
+        smaller_fix: the dataset's own way to decode fewer pixels, None for the transcoded
+            cache tier (an ImageFolder's).
         engine: the fastload engine that made the batches, None if unknown; an in-process
             one (threads, DALI) reads with threads of its own, not ``num_workers``.
 
@@ -141,20 +144,23 @@ def diagnose(
     measured = workers is not None and workers.busy_share is not None
     if measured and _main_process_bound(workers, wait_s, receive_s):  # type: ignore[arg-type]
         return _diagnose_main(workers, wait_s, receive_s)  # type: ignore[arg-type]
-    fetch = _FetchFix(fetch_fix, engine, cores)
+    source = _SourceFix(fetch_fix, smaller_fix, engine, cores)
     if work is not None and work.total_s > 0:
-        return _diagnose_work(work, compute_s, num_workers, cores, gpus, workers, fetch)
+        return _diagnose_work(work, compute_s, num_workers, cores, gpus, workers, source)
     if measured:
-        return _diagnose_busy(workers, compute_s, cores, fetch)  # type: ignore[arg-type]
+        return _diagnose_busy(workers, compute_s, cores, source)  # type: ignore[arg-type]
     return _diagnose_unmeasured(wait_s, step_s, compute_s, num_workers, cores, workers)
 
 
 @dataclass(frozen=True)
-class _FetchFix:
-    """The fix for a fetch-bound loop: the dataset's own sentence (or the general one), and
-    more workers where more would do."""
+class _SourceFix:
+    """What the dataset says to change (NOTE [the source's own fix]): ``fetch`` for a
+    fetch-bound loop (else the general sentence, with more workers where more would do),
+    ``smaller`` for how to decode fewer pixels (else the transcoded tier); the engine and
+    the cores."""
 
-    own: str | None
+    fetch: str | None
+    smaller: str | None
     engine: str | None
     cores: int
 
@@ -162,8 +168,8 @@ class _FetchFix:
     def in_process(self) -> bool:
         return self.engine in IN_PROCESS_ENGINES
 
-    def text(self, need: int, workers: int | None) -> str:
-        fix = self.own or "enable the cache: ImageFolder(..., cache='~/.cache/fastload')"
+    def fetch_text(self, need: int, workers: int | None) -> str:
+        fix = self.fetch or "enable the cache: ImageFolder(..., cache='~/.cache/fastload')"
         if self.in_process or (workers is not None and need <= workers):
             return fix  # an in-process engine reads with its own threads, not num_workers
         if need <= most_workers(self.cores):
@@ -207,7 +213,7 @@ def _diagnose_main(workers: WorkerStats, wait_s: float, receive_s: float | None)
     )
 
 
-def _diagnose_busy(workers: WorkerStats, compute_s: float, cores: int, fetch: _FetchFix) -> Diagnosis:
+def _diagnose_busy(workers: WorkerStats, compute_s: float, cores: int, source: _SourceFix) -> Diagnosis:
     per_batch = workers.busy_per_batch_s or 0.0
     need = workers_needed(per_batch, compute_s)
     n = workers.workers
@@ -223,8 +229,8 @@ def _diagnose_busy(workers: WorkerStats, compute_s: float, cores: int, fetch: _F
             fix += f", or {more}"
         return Diagnosis("collate", fix, evidence)
     if (workers.cpu_share or 0.0) < IO_BOUND_CPU:
-        if fetch.own is not None:
-            return Diagnosis("storage fetch", fetch.text(need, n), evidence)
+        if source.fetch is not None:
+            return Diagnosis("storage fetch", source.fetch_text(need, n), evidence)
         fix = (
             "the workers wait on storage, not on the CPU: cache the data near the loop "
             "(fastload.ImageFolder(..., cache='~/.cache/fastload'), which also prefetches the "
@@ -257,7 +263,7 @@ def _diagnose_work(
     cores: int,
     gpus: int,
     stats: WorkerStats | None,
-    fetch: _FetchFix,
+    source: _SourceFix,
 ) -> Diagnosis:
     need = workers_needed(work.total_s, compute_s)
     phases = {
@@ -273,22 +279,22 @@ def _diagnose_work(
         f"{_ms(work.decode_s)}, collate {_ms(work.collate_s)})"
     )
     evidence = (
-        f"the {fetch.engine} engine's threads spend {spent}; the loop computes "
+        f"the {source.engine} engine's threads spend {spent}; the loop computes "
         f"{_ms(compute_s)} per batch, so {need} threads' worth of that work keep up ({now} "
         f"threads, {cores} usable cores)"
-        if fetch.in_process
+        if source.in_process
         else f"workers spend {spent}; the loop computes {_ms(compute_s)} per batch, so "
         f"{need} worker(s) keep up ({now}, {cores} usable cores){busy}"
     )
     can_raise = workers is None or need > workers
     if bottleneck == "storage fetch":
-        return Diagnosis(bottleneck, fetch.text(need, workers), evidence)
+        return Diagnosis(bottleneck, source.fetch_text(need, workers), evidence)
     if can_raise and need <= cores:
         return Diagnosis(bottleneck, f"raise num_workers to {need}", evidence)
     if bottleneck == "decode/transform" and gpus:
         fix = (
             f'use backend="dali": decoding needs {need} workers, this machine has {cores} '
-            f"cores; or, to decode fewer pixels, {TRANSCODE_HINT}"
+            f"cores; or, to decode fewer pixels, {source.smaller or TRANSCODE_HINT}"
         )
         return Diagnosis(bottleneck, fix, evidence)
     fix = (
@@ -299,7 +305,8 @@ def _diagnose_work(
         "images, or use a machine with more cores or a GPU with backend=\"dali\""
     )
     if bottleneck == "decode/transform":
-        fix += f"; to store smaller images without rewriting the dataset, {TRANSCODE_HINT}"
+        fix += (f"; to decode fewer pixels, {source.smaller}" if source.smaller else
+                f"; to store smaller images without rewriting the dataset, {TRANSCODE_HINT}")
     return Diagnosis(bottleneck, fix, evidence)
 
 

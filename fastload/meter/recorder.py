@@ -121,9 +121,11 @@ class StarvationMeter:
         # by a fastload DataLoader with workers; workers_note says why not when they are None.
         self.workers: WorkerCounters | None = None
         self.workers_note: str | None = None
-        # Set by a fastload DataLoader: the dataset's own fix for slow reads (NOTE [the
-        # source's own fix]) and its engine's name, which the diagnosis words its fix by.
+        # Set by a fastload DataLoader: the dataset's own fixes for slow reads and for too
+        # many pixels (NOTE [the source's own fix]) and its engine's name, which the
+        # diagnosis words its fix by.
         self.fetch_fix: str | None = None
+        self.smaller_fix: str | None = None
         self.engine_of: Callable[[], str | None] = _unknown_engine
         self._tensorboard = as_summary_writer(tensorboard) if tensorboard is not None else None
         self.reset()
@@ -386,6 +388,7 @@ class StarvationMeter:
             gpus=machine.gpus,
             on_device=self.on_device,
             fetch_fix=self.fetch_fix,
+            smaller_fix=self.smaller_fix,
             engine=self.engine_of(),
         )
 
