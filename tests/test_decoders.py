@@ -67,10 +67,10 @@ PNG = encode(PIXELS, fmt="PNG")
 
 @pytest.fixture(params=NAMES)
 def decoder(request):
-    found = decoders.DECODERS
-    if request.param not in found:
+    try:
+        return decoders.by_name(request.param)  # torchvision's too, if the process had not
+    except KeyError:
         pytest.skip(f"{request.param} is not available here: {_why_missing(request.param)}")
-    return found[request.param]
 
 
 def _why_missing(name: str) -> str:
@@ -409,6 +409,35 @@ def test_choose_leaves_out_a_decoder_that_cannot_and_says_why():
         assert "torchvision" not in choice.ms_per_image
         assert "left out: torchvision (Unsupported: torchvision decodes JPEGs at full scale" \
             in choice.reason
+
+
+RACE_WITHOUT_TORCHVISION = """
+import sys
+from fastload import DataLoader, ImageFolder
+from fastload.data import decoders
+loader = DataLoader(ImageFolder(sys.argv[1], size=32), batch_size=16, backend="threads")
+for _ in loader:
+    pass
+print("torchvision" in sys.modules)
+print(loader.backend_reason)
+print(decoders.by_name("torchvision").name, "torchvision" in sys.modules)
+"""
+
+
+def test_the_race_does_not_import_torchvision_for_a_script_that_did_not(jpeg_root, tmp_path):
+    """NOTE [torchvision's decoder when imported]: its import took seconds on the first batch."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "race.py"
+    script.write_text(RACE_WITHOUT_TORCHVISION)
+    run = subprocess.run([sys.executable, str(script), str(jpeg_root)], capture_output=True,
+                         text=True, timeout=240, check=False)
+    assert run.returncode == 0, run.stderr
+    imported, reason, asked = run.stdout.strip().splitlines()
+    assert imported == "False"
+    assert reason.endswith("; " + decoders.NOT_RACED)
+    assert asked == "torchvision True"  # asked for by name, it still loads
 
 
 def test_choose_without_jpegs_takes_pillow():

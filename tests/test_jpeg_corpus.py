@@ -56,10 +56,10 @@ def small_bomb_limit(monkeypatch):
 
 
 def roi(name: str = "roi") -> decoders.Decoder:
-    found = decoders.DECODERS.get(name)
-    if found is None:
+    try:
+        return decoders.by_name(name)
+    except KeyError:
         pytest.skip(f"the {name!r} decoder does not load here")
-    return found
 
 
 def verdict(decode) -> str:

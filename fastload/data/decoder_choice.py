@@ -107,6 +107,8 @@ def choose(
                f"1/{denoms} for {out_w}x{out_h})")
     if left_out:
         reason += "; left out: " + "; ".join(f"{n} ({why})" for n, why in left_out.items())
+    if decoders.raced_without_torchvision():
+        reason += "; " + decoders.NOT_RACED
     logger.debug("decoder choice: %s", reason)
     return DecoderChoice(best, reason, ms)
 

@@ -33,6 +33,17 @@ corrupt entropy-coded data: it decodes those files) and refuses a file cut short
 scan where EOI belongs; so does the threaded engine, whatever the crop. :func:`read_header`
 lets libjpeg's warnings pass and asks Pillow where libjpeg errs.
 tests/test_jpeg_corpus.py checks the agreement on a mutated corpus.
+
+NOTE [torchvision's decoder when imported]
+``import torchvision`` takes seconds (2-2.7 s here: its models and ops import torch._dynamo).
+A script that builds ``ImageFolder(..., size=224, train=True)`` without torchvision's
+transforms has not paid it, and the decoder race (:mod:`.decoder_choice`) paid it on the
+first batch of the first loader: that batch came at 2.1 s where the next loader's came at
+0.06 s (10 local shards, threads engine). torchvision's ``decode_jpeg`` decodes full scale
+only, so it loses the race to ``roi`` (a region, at reduced scale) wherever ``roi`` or
+``simplejpeg`` loads. So it joins the race only when the process imported torchvision
+already (then it costs nothing to load) or when neither of those loads; ``decoder=
+"torchvision"`` asked for by name loads it regardless (:func:`by_name`).
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+import sys
 import threading
 import warnings
 from abc import ABC, abstractmethod
@@ -321,29 +333,53 @@ class PillowDecoder(Decoder):
 
 
 _CLASSES = (RoiDecoder, SimpleJpegDecoder, TorchvisionDecoder, PillowDecoder)  # preference
-_found: Mapping[str, Decoder] | None = None
+_OWN_TURBO = frozenset({"roi", "simplejpeg"})
+_found: dict[str, Decoder] = {}
+_tried: set[str] = set()
 _found_lock = threading.Lock()
 
+NOT_RACED = ("torchvision not raced (this process has not imported it, and its import takes "
+             "seconds; import torchvision before the loader to race it)")
+"""What :func:`~fastload.data.decoder_choice.choose` says of a torchvision it left out."""
 
-def _decoders() -> Mapping[str, Decoder]:
-    """Each decoder that loads here, once: torchvision's import alone takes seconds."""
-    global _found
+
+def _decoders(*, torchvision: bool = False) -> Mapping[str, Decoder]:
+    """Each decoder that loads here, loaded once (NOTE [torchvision's decoder when imported]);
+    ``torchvision=True``: its too, whatever the process imported."""
     with _found_lock:
-        if _found is None:
-            found = {}
-            for cls in _CLASSES:
-                try:
-                    found[cls.name] = cls()
-                except Exception as exc:  # noqa: BLE001 (ImportError; a broken install: any)
-                    logger.debug("decoder %r is not available: %s: %s", cls.name,
-                                 type(exc).__name__, exc)
-            _found = MappingProxyType(found)
-        return _found
+        for cls in _CLASSES:
+            if cls.name in _tried:
+                continue
+            if cls is TorchvisionDecoder and not (
+                torchvision or "torchvision" in sys.modules or not _OWN_TURBO & _found.keys()
+            ):
+                continue
+            _tried.add(cls.name)
+            try:
+                _found[cls.name] = cls()
+            except Exception as exc:  # noqa: BLE001 (ImportError; a broken install: any)
+                logger.debug("decoder %r is not available: %s: %s", cls.name,
+                             type(exc).__name__, exc)
+        return MappingProxyType({c.name: _found[c.name] for c in _CLASSES if c.name in _found})
 
 
 def available() -> list[Decoder]:
-    """The decoders that load here, fastest-first by default preference; Pillow always."""
+    """The decoders that load here, fastest-first by default preference; Pillow always.
+    torchvision's only where this process imported torchvision (NOTE [torchvision's decoder
+    when imported]); :func:`by_name` loads it regardless."""
     return list(_decoders().values())
+
+
+def by_name(name: str) -> Decoder:
+    """The decoder called ``name`` (torchvision's too, imported if need be); KeyError when it
+    does not load here."""
+    return _decoders(torchvision=name == "torchvision")[name]
+
+
+def raced_without_torchvision() -> bool:
+    """Whether :func:`available` left torchvision's decoder out for its import's cost."""
+    with _found_lock:
+        return "torchvision" not in _tried
 
 
 def __getattr__(name: str) -> Any:

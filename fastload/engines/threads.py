@@ -128,7 +128,7 @@ class ThreadEngine(Engine):
         self.renderer: Renderer | None = None
         self.decoder_reason = "not chosen yet: measured on the first batch"
         if decoder is not None:
-            self._use(decoders.DECODERS[decoder], f"{decoder}: requested")
+            self._use(decoders.by_name(decoder), f"{decoder}: requested")
         self._pools: tuple[DaemonPool | None, DaemonPool] | None = None
         # Weak: an epoch holds its engine, and a cycle would keep an abandoned loader's
         # threads alive until the cycle collector ran (the threads end when the pools go).
