@@ -219,3 +219,22 @@ def test_bench_tells_an_unreachable_store_from_a_wrong_path(tmp_path, s3_server,
     assert _run("bench", str(tmp_path / "missing"), "--duration", "1").returncode == 2
     bad = _run("bench", str(tmp_path), "-o", "novalue")
     assert bad.returncode == 2 and "is not KEY=VALUE" in bad.stderr
+
+
+def test_bench_takes_a_brace_pattern_of_shards_and_names_a_missing_one(jpeg_root, tmp_path):
+    """`fastload bench` takes the pattern a TarShards was given, as `cache warm` does."""
+    from tests.test_shards import write_shards
+
+    write_shards(jpeg_root, tmp_path)  # 48 images: 5 shards of 10, 10, 10, 10, 8
+    names = sorted(p.name for p in tmp_path.glob("*.tar"))
+    pattern = str(tmp_path / names[0].replace("000000", "{000001..000002}"))
+    run = _run("bench", pattern, "--duration", "2", "--max-concurrency", "2", "--json",
+               timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["url"] == pattern and doc["inventory"]["files"] == 2
+    assert doc["samples_per_file"] == 10  # the two shards' images, not the other three's
+    missing = _run("bench", pattern.replace("{000001..000002}", "{000004..000006}"),
+                   "--duration", "1")
+    assert missing.returncode == 2, missing.stdout + missing.stderr
+    assert names[0].replace("000000", "000005") + " and 1 more named by" in missing.stderr

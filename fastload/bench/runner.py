@@ -37,13 +37,14 @@ from fastload.bench.rawfiles import RawFiles
 from fastload.bench.report import BenchReport, Measurements
 from fastload.bench.shardsets import shard_dataset, shard_kind, shard_samples, warm_shards
 from fastload.bench.workloads import Workload, workload
-from fastload.errors import CacheError, ConfigError, EmptyDatasetError
 from fastload.data.images import ImageFolder
 from fastload.data.sharded import ShardedImages
+from fastload.errors import CacheError, ConfigError, EmptyDatasetError
+from fastload.io.file_urls import expand_urls, folder_of, is_pattern, named_paths
+from fastload.io.storage import Storage
 from fastload.loader import DataLoader
 from fastload.machine import usable_cpu_cores
 from fastload.settings import AUTO
-from fastload.io.storage import Storage
 
 logger = logging.getLogger(__name__)
 
@@ -105,9 +106,14 @@ def run_bench(
     opts = BenchOptions(gpus, duration_s, max_concurrency, num_workers, batch_size, cache)
     work = workload(model, accelerator, samples_per_sec=samples_per_sec, au_target=au_target)
     tick = progress or (lambda phase, fraction: None)
-    storage = Storage(url, storage_options)
+    files = expand_urls(url, storage_options or {}, owner="fastload bench", kind="file",
+                        suffix=".tar") if is_pattern(url) else None
+    folder = url if files is None else folder_of(url, files)
+    storage = Storage(folder, storage_options)
     tick("inventory", 0.0)
     inventory = take_inventory(storage)
+    if files is not None:  # a pattern: its files only, named in the report as it was given
+        inventory = _named(inventory, url, files, storage)
     tick("inventory", 1.0)
     kind = shard_kind(inventory.entries)  # NOTE [bench over shards]
     shards = None if kind is None else shard_dataset(
@@ -121,10 +127,10 @@ def run_bench(
     rates = (decode.pillow_rate(samples, seconds=decode_s),)
     tick("decode", 1.0)
     if cache is None:
-        measured = [_measure(url, "origin", storage, inventory, work, opts, 1.0, tick, None,
+        measured = [_measure(folder, "origin", storage, inventory, work, opts, 1.0, tick, None,
                              shards)]
     else:
-        measured = _measure_cached(url, storage_options, inventory, work, opts, tick)
+        measured = _measure_cached(folder, storage_options, inventory, work, opts, tick)
     return BenchReport(
         url=url,
         workload=work,
@@ -196,6 +202,13 @@ def _measure_cached(
         return [cold, warm]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _named(inventory: Inventory, pattern: str, files: list[str], storage: Storage) -> Inventory:
+    """The entries of ``inventory`` (the listing of ``storage``) that ``pattern`` named."""
+    by_path = {e.path: e for e in inventory.entries}
+    paths = named_paths(pattern, files, storage.url, storage.root, by_path)
+    return Inventory(pattern, tuple(by_path[p] for p in paths), inventory.listing_s)
 
 
 def _subset(inventory: Inventory, max_bytes: int) -> Inventory:

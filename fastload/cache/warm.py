@@ -26,7 +26,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +42,7 @@ from fastload.errors import (
     OriginUnavailableError,
 )
 from fastload.io.fetch import default_jobs
-from fastload.io.file_urls import expand_urls, is_pattern
+from fastload.io.file_urls import expand_urls, folder_of, is_pattern, named_paths
 from fastload.io.origin import READ_DEADLINE_S, is_unavailable
 from fastload.io.storage import Storage
 
@@ -147,7 +146,7 @@ def _warm(
     index, count = shard
     files = expand_urls(url, storage_options or {}, owner="cache warm", kind="file",
                         suffix=".tar") if is_pattern(url) else None
-    storage = Storage(url if files is None else _folder_of(url, files), storage_options)
+    storage = Storage(url if files is None else folder_of(url, files), storage_options)
     try:
         listing = storage.find(detail=True)
     except ObjectNotFoundError:
@@ -161,7 +160,7 @@ def _warm(
             url=storage.url, last_error=str(exc),
         ) from exc
     if files is not None:
-        listing = _named(storage, listing, files, url)
+        listing = {p: listing[p] for p in named_paths(url, files, storage.url, storage.root, listing)}
     mine = list(listing.items())[index::count]
     nbytes = sum(int(info.get("size") or 0) for _, info in mine)
     report = WarmReport(url=storage.url if files is None else url, files=len(mine), bytes=nbytes)
@@ -211,26 +210,3 @@ def _warm(
         ) from last
     return report
 
-
-def _folder_of(pattern: str, files: list[str]) -> str:
-    """The deepest folder holding every file a pattern named: what the warm lists once."""
-    folder = os.path.commonprefix(files).rpartition("/")[0]
-    if not folder or folder.endswith((":/", ":")):
-        raise ConfigError(
-            f"cache warm {pattern}: its files lie in more than one bucket ({files[0]}, "
-            f"{files[-1]}); warm each bucket with a pattern of its own")
-    return folder
-
-
-def _named(storage: Storage, listing: dict[str, Any], files: list[str],
-           pattern: str) -> dict[str, Any]:
-    """The listing's entries of ``files`` (URLs below ``storage.url``), in their order;
-    files the pattern named that the listing lacks raise, naming the first."""
-    paths = [storage.root + f[len(storage.url):] for f in files]
-    missing = [f for f, p in zip(files, paths) if p not in listing]
-    if missing:
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise ObjectNotFoundError(
-            f"cache warm {pattern}: {missing[0]}{more} named by the pattern do not exist at "
-            f"{storage.url}; check the pattern (a brace range names every file in it)")
-    return {p: listing[p] for p in dict.fromkeys(paths)}

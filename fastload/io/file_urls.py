@@ -23,9 +23,9 @@ from typing import Any
 
 import fsspec
 
-from fastload.errors import ConfigError, DatasetError
+from fastload.errors import ConfigError, DatasetError, ObjectNotFoundError
 
-__all__ = ["expand_braces", "expand_urls", "is_pattern"]
+__all__ = ["expand_braces", "expand_urls", "folder_of", "is_pattern", "named_paths"]
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
@@ -93,3 +93,30 @@ def expand_urls(files: Any, storage_options: dict[str, Any], *, owner: str, kind
             out += [prefix + p if prefix and protocol not in ("file", "local") else p
                     for p in sorted(found)]
     return out
+
+
+def folder_of(pattern: str, files: list[str]) -> str:
+    """The deepest folder holding every file ``pattern`` named (``files``, expanded): what a
+    command that takes a pattern lists once."""
+    folder = os.path.commonprefix(files).rpartition("/")[0]
+    if not folder or folder.endswith((":/", ":")):
+        raise ConfigError(
+            f"{pattern}: its files lie in more than one bucket ({files[0]}, {files[-1]}); "
+            "give each bucket a pattern of its own")
+    return folder
+
+
+def named_paths(pattern: str, files: list[str], folder_url: str, folder_path: str,
+                listed: Any) -> list[str]:
+    """The paths of ``files`` (URLs below ``folder_url``, whose path on its filesystem is
+    ``folder_path``) in their order, each once; ObjectNotFoundError naming the first the
+    listing ``listed`` (a container of paths) lacks."""
+    paths = list(dict.fromkeys(folder_path + f[len(folder_url):] for f in files))
+    missing = [p for p in paths if p not in listed]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        first = folder_url + missing[0][len(folder_path):]
+        raise ObjectNotFoundError(
+            f"{first}{more} named by {pattern} do not exist; check the pattern (a brace range "
+            "names every file in it)")
+    return paths
