@@ -39,6 +39,9 @@ from fastload.errors import EmptyDatasetError
 from fastload.io.errors import storage_error
 from fastload.io.origin import read_local_range
 from fastload.io.versions import version_size
+from fastload.io.wids_index import is_shard_index, read_shard_index
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["TarShards"]
 
@@ -50,8 +53,9 @@ class TarShards(ShardedImages):
 
     Args:
         shards: a brace pattern (``"s3://b/train-{000000..000146}.tar"``), a glob
-            (``"s3://b/train-*.tar"``, sorted), one URL or local path, or a list of them; any
-            fsspec URL. All on one filesystem.
+            (``"s3://b/train-*.tar"``, sorted), one URL or local path, or a list of them; or
+            a wids shard index file (``"s3://b/train/shards.json"``, as ``fastload pack``
+            writes it: NOTE [a shard index file]); any fsspec URL. All on one filesystem.
         transform: a torchvision transform, compiled into the decode as ImageFolder's.
         target_transform: called on each label, on every engine.
         size, train, normalize, pipeline: the declared steps, as ImageFolder's.
@@ -93,7 +97,10 @@ class TarShards(ShardedImages):
             pipeline=pipeline, cache=cache, on_error=on_error, seed=seed,
             storage_options=storage_options, listing_max_age=listing_max_age,
             shuffle_window=shuffle_window)
-        fs = self._open_files("TarShards", shards, kind="tar shard", suffix=".tar")
+        listed = read_shard_index(os.fspath(shards), self.storage_options) if is_shard_index(
+            shards) else None  # NOTE [a shard index file]
+        fs = self._open_files("TarShards", shards if listed is None else [u for u, _ in listed],
+                              kind="tar shard", suffix=".tar")
         self.index: ShardIndex = shard_index(fs, self.urls, self.paths, cache=self._cache,
                                              storage_options=self.storage_options, max_age=max_age)
         if len(self.index) == 0:
@@ -101,6 +108,8 @@ class TarShards(ShardedImages):
                 "no samples with an image member (jpg, jpeg, png, webp) in "
                 f"{len(self.urls)} shard(s) starting {self.urls[0]}"
             )
+        if listed is not None:
+            _check_counts(os.fspath(shards), listed, self.index.shard_sizes())
         self.classes = self.index.classes
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self._say_unlabelled("no label member (cls, txt or json, next to the image in the tar)",
@@ -224,3 +233,16 @@ class TarShards(ShardedImages):
                     out[k] = None  # load() reads it again and names what failed
         batchinfo.record(time.perf_counter() - start, 0.0, 0)
         return out
+
+
+def _check_counts(where: str, listed: list[tuple[str, int]], sizes: Sequence[int]) -> None:
+    """Warn when the shard index file ``where`` counts a shard's samples otherwise than its
+    headers do (a stale index file: wids would read past or short of the shard)."""
+    wrong = [(url, n, int(m)) for (url, n), m in zip(listed, sizes) if n >= 0 and n != m]
+    if wrong:
+        url, said, found = wrong[0]
+        logger.warning(
+            "%s says %s holds %d samples, and its headers hold %d (%d shard(s) differ): the "
+            "index file is older than the shards; fastload reads what the shards hold, wids "
+            "would not. Write it again (`fastload pack` rewrites shards.json)",
+            where, url, said, found, len(wrong))
