@@ -33,7 +33,7 @@ from typing import Any
 import fsspec
 
 from fastload.errors import DatasetError, ObjectNotFoundError
-from fastload.io.origin import with_timeouts
+from fastload.io.origin import read_whole, with_timeouts
 
 __all__ = ["is_shard_index", "read_shard_index"]
 
@@ -69,7 +69,7 @@ def read_shard_index(url: str, storage_options: dict[str, Any]) -> list[tuple[st
 def _load(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
     fs, path = fsspec.core.url_to_fs(url, **with_timeouts(url, storage_options))
     try:
-        description = json.loads(fs.cat_file(path))
+        description = json.loads(read_whole(fs, path))
     except FileNotFoundError as exc:
         raise ObjectNotFoundError(f"shard index {url} does not exist; check the path or URL") from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
