@@ -160,7 +160,8 @@ def _warm(
             url=storage.url, last_error=str(exc),
         ) from exc
     if files is not None:
-        listing = {p: listing[p] for p in named_paths(url, files, storage.url, storage.root, listing)}
+        named = named_paths(url, files, storage.url, storage.root, listing)
+        listing = {p: listing[p] for p in named}
     mine = list(listing.items())[index::count]
     nbytes = sum(int(info.get("size") or 0) for _, info in mine)
     report = WarmReport(url=storage.url if files is None else url, files=len(mine), bytes=nbytes)

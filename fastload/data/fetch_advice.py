@@ -67,7 +67,8 @@ def folder_fix(name: str, root: str | None, *, local: bool, cache_dir: str | Non
     )
     if cached:
         warm = root if root is not None else "URL"
-        return f"{name} read {what} through its cache, but {_cold_cache(cache_dir, warm)}; or {pack}"
+        cold = _cold_cache(cache_dir, warm)
+        return f"{name} read {what} through its cache, but {cold}; or {pack}"
     if local:
         return (
             f"{name} reads {what} from local files, and reading them is the slow part (a network "

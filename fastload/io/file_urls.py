@@ -1,11 +1,13 @@
-"""The files a shard dataset (or ``fastload cache warm``) is given: brace patterns, globs,
-URLs, local paths.
+"""The files a shard dataset, ``fastload cache warm`` or ``fastload bench`` is given: brace
+patterns, globs, URLs, local paths.
 
 :class:`~fastload.TarShards` and :class:`~fastload.ParquetImages` take their files the same
-way, and ``fastload cache warm`` takes the same patterns: one pattern or a list; a brace pattern (``train-{000000..001281}.tar``, ``{a,b}``, as
-webdataset expands them) names each file in order; a pattern with ``*``, ``?`` or ``[`` is
-globbed on its filesystem (sorted); a local path becomes absolute. A local directory is
-refused with the pattern to pass instead (a shard dataset reads files, not folders).
+way, and the two commands take the same patterns: one pattern or a list; a brace pattern
+(``train-{000000..001281}.tar``, ``{a,b}``, as webdataset expands them) names each file in
+order; a pattern with ``*``, ``?`` or ``[`` is globbed on its filesystem (sorted); a local
+path becomes absolute. A local directory is refused with the pattern to pass instead (a
+shard dataset reads files, not folders). The commands list the folder holding all the
+files once (:func:`folder_of`) and keep the named ones (:func:`named_paths`).
 
 Example::
 

@@ -71,7 +71,8 @@ def _load(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
     try:
         description = json.loads(read_whole(fs, path))
     except FileNotFoundError as exc:
-        raise ObjectNotFoundError(f"shard index {url} does not exist; check the path or URL") from exc
+        raise ObjectNotFoundError(
+            f"shard index {url} does not exist; check the path or URL") from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _not_an_index(url, f"it is not JSON ({exc})") from exc
     if not isinstance(description, dict) or description.get("wids_version") != 1:
@@ -83,7 +84,8 @@ def _shardlist(entries: Any, base: str, url: str) -> list[tuple[str, int]]:
     if not isinstance(entries, list) or not all(
         isinstance(e, dict) and isinstance(e.get("url"), str) for e in entries
     ):
-        raise _not_an_index(url, "its 'shardlist' is not a list of {\"url\": ..., \"nsamples\": ...}")
+        raise _not_an_index(
+            url, "its 'shardlist' is not a list of {\"url\": ..., \"nsamples\": ...}")
     return [(_join(base, e["url"]), int(e.get("nsamples", -1))) for e in entries]
 
 

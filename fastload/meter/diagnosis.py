@@ -213,7 +213,9 @@ def _diagnose_main(workers: WorkerStats, wait_s: float, receive_s: float | None)
     )
 
 
-def _diagnose_busy(workers: WorkerStats, compute_s: float, cores: int, source: _SourceFix) -> Diagnosis:
+def _diagnose_busy(
+    workers: WorkerStats, compute_s: float, cores: int, source: _SourceFix
+) -> Diagnosis:
     per_batch = workers.busy_per_batch_s or 0.0
     need = workers_needed(per_batch, compute_s)
     n = workers.workers
@@ -236,7 +238,8 @@ def _diagnose_busy(workers: WorkerStats, compute_s: float, cores: int, source: _
             "(fastload.ImageFolder(..., cache='~/.cache/fastload'), which also prefetches the "
             "epoch's next files), or keep more requests in flight"
         )
-        fix += f": {more} (waiting workers need no cores)" if more and need <= most_workers(cores) else ""
+        if more and need <= most_workers(cores):
+            fix += f": {more} (waiting workers need no cores)"
         fix += ", or read with threads (backend='threads': 8 read threads for remote stores)"
         return Diagnosis("storage fetch", fix, evidence)
     if more and need <= cores:
