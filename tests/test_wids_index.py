@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fastload import DataLoader, TarShards
+from fastload import DataLoader, ImageFolder, TarShards
 from fastload.errors import DatasetError, ObjectNotFoundError
 from fastload.io.wids_index import _join, read_shard_index
 from tests.fixtures.s3 import upload_folder
@@ -73,6 +73,10 @@ def test_what_fastload_pack_writes_is_an_index_tarshards_takes(jpeg_root, tmp_pa
                    check=True, capture_output=True, timeout=120)
     ds = TarShards(str(out / "shards.json"), size=32)
     assert ds.urls == sorted(str(p) for p in out.glob("*.tar")) and len(ds) == 48
+    folder = ImageFolder(str(jpeg_root), size=32)
+    assert ds.classes == folder.classes and ds.class_to_idx == folder.class_to_idx  # names, not "0"
+    assert sorted(ds.targets.tolist()) == sorted(folder.targets)
+    assert TarShards(str(out / "*.tar"), size=32).classes == [str(i) for i in range(len(ds.classes))]
 
 
 def test_an_index_on_s3_names_shards_beside_it(shard_dir, s3_options, s3_server):
@@ -83,7 +87,8 @@ def test_an_index_on_s3_names_shards_beside_it(shard_dir, s3_options, s3_server)
         (local / n).write_bytes((shard_dir / n).read_bytes())
     index(local / "shards.json", [{"url": n, "nsamples": 12} for n in names])
     root = upload_folder(s3_options, local, "s3://fastload-wids/train")
-    assert read_shard_index(f"{root}/shards.json", s3_options) == [(f"{root}/{n}", 12) for n in names]
+    listed = read_shard_index(f"{root}/shards.json", s3_options)
+    assert listed.shards == [(f"{root}/{n}", 12) for n in names] and listed.classes is None
     ds = TarShards(f"{root}/shards.json", size=32, storage_options=s3_options)
     labels = [y for _, ys in DataLoader(ds, batch_size=16, backend="threads") for y in ys.tolist()]
     assert len(labels) == 48 and ds.urls == [f"{root}/{n}" for n in names]

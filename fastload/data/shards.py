@@ -99,8 +99,8 @@ class TarShards(ShardedImages):
             shuffle_window=shuffle_window)
         listed = read_shard_index(os.fspath(shards), self.storage_options) if is_shard_index(
             shards) else None  # NOTE [a shard index file]
-        fs = self._open_files("TarShards", shards if listed is None else [u for u, _ in listed],
-                              kind="tar shard", suffix=".tar")
+        fs = self._open_files("TarShards", shards if listed is None else
+                              [u for u, _ in listed.shards], kind="tar shard", suffix=".tar")
         self.index: ShardIndex = shard_index(fs, self.urls, self.paths, cache=self._cache,
                                              storage_options=self.storage_options, max_age=max_age)
         if len(self.index) == 0:
@@ -108,9 +108,10 @@ class TarShards(ShardedImages):
                 "no samples with an image member (jpg, jpeg, png, webp) in "
                 f"{len(self.urls)} shard(s) starting {self.urls[0]}"
             )
-        if listed is not None:
-            _check_counts(os.fspath(shards), listed, self.index.shard_sizes())
         self.classes = self.index.classes
+        if listed is not None:
+            _check_counts(os.fspath(shards), listed.shards, self.index.shard_sizes())
+            self.classes = _named_classes(self.index, listed.classes)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self._say_unlabelled("no label member (cls, txt or json, next to the image in the tar)",
                              if_all=logging.INFO)
@@ -246,3 +247,12 @@ def _check_counts(where: str, listed: list[tuple[str, int]], sizes: Sequence[int
             "index file is older than the shards; fastload reads what the shards hold, wids "
             "would not. Write it again (`fastload pack` rewrites shards.json)",
             where, url, said, found, len(wrong))
+
+
+def _named_classes(index: ShardIndex, names: list[str] | None) -> list[str]:
+    """The class names of a shard index file for numeric labels (``fastload pack``'s), where
+    every label has one; else the index's own."""
+    numeric = index.classes == [str(i) for i in range(len(index.classes))]
+    if names is None or not numeric or len(index.classes) > len(names):
+        return index.classes
+    return list(names)

@@ -15,11 +15,14 @@ resolved as wids resolves them: a URL with a protocol stands as it is; a path st
 file's ``base`` or else the folder the index file lies in (a sub-dataset's own ``base``, or
 its ``source_url``'s folder). A sub-dataset's ``source_url`` is followed once, as wids
 follows it. ``TarShards`` takes such a file where it takes a pattern, and warns when a
-shard's ``nsamples`` differs from what its headers hold (a stale index file).
+shard's ``nsamples`` differs from what its headers hold (a stale index file). The file
+``fastload pack`` writes also names the classes (``"fastload": {"classes": [...]}``, the
+source folder's, in label order), which ``TarShards`` then gives as ``classes`` where the
+shards' label members hold only numbers.
 
 Example::
 
-    >>> read_shard_index("s3://b/train/shards.json", {})
+    >>> read_shard_index("s3://b/train/shards.json", {}).shards
     [('s3://b/train/shard-000000.tar', 216), ('s3://b/train/shard-000001.tar', 216), ...]
 """
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
@@ -35,7 +39,7 @@ import fsspec
 from fastload.errors import DatasetError, ObjectNotFoundError
 from fastload.io.origin import read_whole, with_timeouts
 
-__all__ = ["is_shard_index", "read_shard_index"]
+__all__ = ["ShardList", "is_shard_index", "read_shard_index"]
 
 
 def is_shard_index(files: Any) -> bool:
@@ -43,10 +47,19 @@ def is_shard_index(files: Any) -> bool:
     return isinstance(files, (str, os.PathLike)) and os.fspath(files).endswith(".json")
 
 
-def read_shard_index(url: str, storage_options: dict[str, Any]) -> list[tuple[str, int]]:
-    """The shards (URL, ``nsamples``) the wids index file at ``url`` lists, in order (NOTE [a
-    shard index file]). Raises ObjectNotFoundError when the file does not exist and
-    DatasetError, naming it, when it is not such an index."""
+@dataclass(frozen=True)
+class ShardList:
+    """What a shard index file says: its shards (URL, ``nsamples``) in order, and the class
+    names ``fastload pack`` recorded (label ``i`` is ``classes[i]``), else None."""
+
+    shards: list[tuple[str, int]]
+    classes: list[str] | None
+
+
+def read_shard_index(url: str, storage_options: dict[str, Any]) -> ShardList:
+    """The shards the wids index file at ``url`` lists (NOTE [a shard index file]). Raises
+    ObjectNotFoundError when the file does not exist and DatasetError, naming it, when it is
+    not such an index."""
     description = _load(url, storage_options)
     base = description.get("base", _folder(url))
     shards = _shardlist(description.get("shardlist", []), base, url)
@@ -63,7 +76,10 @@ def read_shard_index(url: str, storage_options: dict[str, Any]) -> list[tuple[st
         shards += _shardlist(component["shardlist"], sub_base, source or url)
     if not shards:
         raise _not_an_index(url, "it lists no shards")
-    return shards
+    own = description.get("fastload")
+    classes = own.get("classes") if isinstance(own, dict) else None
+    named = isinstance(classes, list) and all(isinstance(c, str) for c in classes)
+    return ShardList(shards, list(classes) if named else None)
 
 
 def _load(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
