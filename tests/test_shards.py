@@ -359,3 +359,11 @@ def test_a_local_shard_rewritten_between_epochs_stops_the_next_one(jpeg_root, tm
     Path(urls[1]).write_bytes(Path(urls[4]).read_bytes())  # another shard's members now
     with pytest.raises(ShardChangedError, match="changed at the origin"):
         list(loader)
+
+
+def test_shards_on_two_filesystems_are_refused_naming_both(shards):
+    first = expand_braces(shards)[0]
+    with pytest.raises(ConfigError, match=r"TarShards reads tar shards of one filesystem, and "
+                                          r"these mix LocalFileSystem, S3FileSystem \(first "
+                                          rf"{first}, last s3://b/x\.tar\): put them all on one"):
+        TarShards([first, "s3://b/x.tar"], storage_options={"anon": True})

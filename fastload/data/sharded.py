@@ -141,7 +141,11 @@ class ShardedImages(DeclaredImages):
         urls = expand_urls(files, self.storage_options, owner=where, kind=kind, suffix=suffix)
         opened = [self._url_to_fs(u) for u in urls]
         if len({type(fs) for fs, _ in opened}) > 1:
-            raise ConfigError(f"{where} reads {kind}s of one filesystem; {urls} mix protocols")
+            protocols = sorted({type(fs).__name__ for fs, _ in opened})
+            raise ConfigError(
+                f"{where} reads {kind}s of one filesystem, and these mix {', '.join(protocols)} "
+                f"(first {urls[0]}, last {urls[-1]}): put them all on one store (copy the "
+                "others to it) and give their URLs there")
         self.urls, self.paths = urls, [p for _, p in opened]
         self._fs, self._pid = opened[0][0], os.getpid()
         # The shard store's keys: each file's own URL, as `cache warm` names it (a chained
