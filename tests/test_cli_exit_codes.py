@@ -234,6 +234,13 @@ def test_bench_takes_a_brace_pattern_of_shards_and_names_a_missing_one(jpeg_root
     doc = json.loads(run.stdout)
     assert doc["url"] == pattern and doc["inventory"]["files"] == 2
     assert doc["samples_per_file"] == 10  # the two shards' images, not the other three's
+    index = tmp_path / "two.json"  # a wids shard index names files too
+    index.write_text(json.dumps({"wids_version": 1, "shardlist": [
+        {"url": names[1], "nsamples": 10}, {"url": names[2], "nsamples": 10}]}))
+    by_index = _run("bench", str(index), "--duration", "2", "--max-concurrency", "2", "--json",
+                    timeout=180)
+    assert by_index.returncode == 0, by_index.stdout + by_index.stderr
+    assert json.loads(by_index.stdout)["inventory"]["files"] == 2
     missing = _run("bench", pattern.replace("{000001..000002}", "{000004..000006}"),
                    "--duration", "1")
     assert missing.returncode == 2, missing.stdout + missing.stderr

@@ -140,3 +140,24 @@ def test_a_warm_of_the_datasets_own_pattern_fills_only_its_files(s3_server, data
     assert missing.returncode == 2, missing.stdout + missing.stderr
     assert (f"{dataset}/tar/train-000004.tar and 1 more named by "
             f"{dataset}/tar/train-{{000003..000005}}.tar do not exist") in missing.stderr
+
+
+def test_a_warm_of_a_shard_index_file_fills_the_shards_it_lists(s3_server, dataset, tmp_path):
+    """`cache warm URL/shards.json` warms what TarShards("URL/shards.json") reads."""
+    import s3fs
+
+    options = s3_server.storage_options()
+    listing = json.dumps({"wids_version": 1, "shardlist": [  # beside the dataset, not in it
+        {"url": f"../ds/tar/train-00000{i}.tar", "nsamples": 12} for i in (0, 3)]})
+    index = "s3://warm-shards/index/two.json"
+    s3fs.S3FileSystem(**options).pipe(index.removeprefix("s3://"), listing.encode())
+    cache = str(tmp_path / "cache")
+    opts = ["-o", f"endpoint_url={s3_server.endpoint}", "-o", "use_listings_cache=false"]
+    run = fastload("cache", "warm", index, "--cache", cache, *opts, "--json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads(run.stdout)["fetched"] == 2
+    shards = TarShards(index, storage_options=options, cache=cache, size=32)
+    assert shards.urls == [f"{dataset}/tar/train-00000{i}.tar" for i in (0, 3)]
+    s3_server.reset_counts()
+    assert len([y for _, ys in DataLoader(shards, batch_size=8, backend="threads") for y in ys]) == 24
+    assert shards.shard_store.downloads == 0 and s3_server.gets("warm-shards/ds/") == {}

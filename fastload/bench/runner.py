@@ -40,7 +40,7 @@ from fastload.bench.workloads import Workload, workload
 from fastload.data.images import ImageFolder
 from fastload.data.sharded import ShardedImages
 from fastload.errors import CacheError, ConfigError, EmptyDatasetError
-from fastload.io.file_urls import expand_urls, folder_of, is_pattern, named_paths
+from fastload.io.file_urls import files_named, folder_of, named_paths
 from fastload.io.storage import Storage
 from fastload.loader import DataLoader
 from fastload.machine import usable_cpu_cores
@@ -106,8 +106,7 @@ def run_bench(
     opts = BenchOptions(gpus, duration_s, max_concurrency, num_workers, batch_size, cache)
     work = workload(model, accelerator, samples_per_sec=samples_per_sec, au_target=au_target)
     tick = progress or (lambda phase, fraction: None)
-    files = expand_urls(url, storage_options or {}, owner="fastload bench", kind="file",
-                        suffix=".tar") if is_pattern(url) else None
+    files = files_named(url, storage_options or {}, owner="fastload bench")
     folder = url if files is None else folder_of(url, files)
     storage = Storage(folder, storage_options)
     tick("inventory", 0.0)

@@ -42,7 +42,7 @@ from fastload.errors import (
     OriginUnavailableError,
 )
 from fastload.io.fetch import default_jobs
-from fastload.io.file_urls import expand_urls, folder_of, is_pattern, named_paths
+from fastload.io.file_urls import files_named, folder_of, named_paths
 from fastload.io.origin import READ_DEADLINE_S, is_unavailable
 from fastload.io.storage import Storage
 
@@ -70,9 +70,10 @@ def warm(
     datasets read them (NOTE [warming shard files] in :mod:`fastload.cache.warm_shards`).
 
     Args:
-        url: the dataset root (any fsspec URL), or a brace pattern or glob of its files as
-            :class:`~fastload.TarShards` takes them (``s3://b/train-{0000..1023}.tar``):
-            then only those (a file the pattern names that does not exist raises).
+        url: the dataset root (any fsspec URL), or its files as :class:`~fastload.TarShards`
+            takes them, a brace pattern or glob (``s3://b/train-{0000..1023}.tar``) or a wids
+            shard index file (``s3://b/train/shards.json``): then only those (a file named
+            that does not exist raises).
         cache: a cache spec (a directory, a dict, a CacheConfig...); needs a disk or Redis tier.
         jobs: requests in flight on a remote (async) store, at most this many objects
             between request and store; reader threads on a local or other sync one.
@@ -144,8 +145,7 @@ def _warm(
     read_timeout: float,
 ) -> WarmReport:
     index, count = shard
-    files = expand_urls(url, storage_options or {}, owner="cache warm", kind="file",
-                        suffix=".tar") if is_pattern(url) else None
+    files = files_named(url, storage_options or {}, owner="cache warm")
     storage = Storage(url if files is None else folder_of(url, files), storage_options)
     try:
         listing = storage.find(detail=True)

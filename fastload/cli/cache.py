@@ -96,8 +96,8 @@ def warm_command(url: str, directory: str, jobs: int | None, shard: str, disk_si
                  as_json: bool) -> None:
     """Fetch every object below URL into the cache; resumable, exits 1 if any failed.
 
-    URL may also be a brace pattern or glob of files, as TarShards takes it
-    ('s3://b/train-{0000..1023}.tar'): then only those.
+    URL may also name files as TarShards takes them, a brace pattern or glob
+    ('s3://b/train-{0000..1023}.tar') or a wids shard index (shards.json): then only those.
 
     Ctrl-C or SIGTERM (a scheduler's stop) ends it saying how many files are cached and
     kept; exit 130 or 143, and the same command resumes.

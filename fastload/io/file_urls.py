@@ -26,8 +26,11 @@ from typing import Any
 import fsspec
 
 from fastload.errors import ConfigError, DatasetError, ObjectNotFoundError
+from fastload.io.wids_index import is_shard_index, read_shard_index
 
-__all__ = ["expand_braces", "expand_urls", "folder_of", "is_pattern", "named_paths"]
+__all__ = [
+    "expand_braces", "expand_urls", "files_named", "folder_of", "is_pattern", "named_paths",
+]
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
@@ -122,3 +125,19 @@ def named_paths(pattern: str, files: list[str], folder_url: str, folder_path: st
             f"{first}{more} named by {pattern} do not exist; check the pattern (a brace range "
             "names every file in it)")
     return paths
+
+
+def files_named(url: str, storage_options: dict[str, Any], *, owner: str) -> list[str] | None:
+    """The files a command's URL names when it is not a folder: a brace pattern or glob,
+    expanded, or a wids shard index file, the shards it lists (NOTE [a shard index file]);
+    None for a folder or a single file (a ``.json`` that is no shard index is one)."""
+    if is_shard_index(url):
+        try:
+            return [u for u, _ in read_shard_index(url, storage_options).shards]
+        except ObjectNotFoundError:
+            raise
+        except DatasetError:
+            return None
+    if is_pattern(url):
+        return expand_urls(url, storage_options, owner=owner, kind="file", suffix=".tar")
+    return None
