@@ -111,3 +111,17 @@ def test_a_file_that_is_not_an_index_is_named_and_says_what_it_takes(tmp_path):
     shapeless = index(tmp_path / "shapeless.json", ["a.tar"])
     with pytest.raises(DatasetError, match="its 'shardlist' is not a list of"):
         TarShards(shapeless)
+
+
+def test_commands_read_an_index_for_its_shards_and_any_other_json_as_a_file(shard_dir, tmp_path):
+    from fastload.io.file_urls import files_named
+
+    names = sorted(p.name for p in shard_dir.glob("*.tar"))
+    two = index(tmp_path / "two.json", [{"url": str(shard_dir / n)} for n in names[:2]])
+    assert files_named(two, {}, owner="cache warm") == [str(shard_dir / n) for n in names[:2]]
+    labels = tmp_path / "labels.json"
+    labels.write_text(json.dumps({"cat": 0}))
+    assert files_named(str(labels), {}, owner="cache warm") is None  # warmed as the file it is
+    assert files_named(str(shard_dir), {}, owner="cache warm") is None  # a folder
+    with pytest.raises(ObjectNotFoundError):
+        files_named(str(tmp_path / "gone.json"), {}, owner="cache warm")
