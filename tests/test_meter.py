@@ -478,3 +478,18 @@ def test_meter_off_loader_iterator_counts_for_resume_only():
     next(it)
     assert loader.meter is None and loader.state_dict()["batches"] == 1
     assert len(list(it)) == 2 and loader.state.progress.done
+
+
+def test_the_summary_gives_each_pass_its_own_rate():
+    """A cold first epoch and warm later ones average into one rate; each pass's is shown."""
+    data = Timed(12, ms=5)
+    loader = measure(torch.utils.data.DataLoader(data, batch_size=4))
+    run(loader)
+    data.ms = 0
+    run(loader)
+    s = loader.meter.summary()
+    first, second = s.pass_samples_per_s
+    assert s.passes == 2 and first > 0 and second > 0
+    assert first <= 12 / 0.060  # its 12 samples slept 5 ms each: a bound, not a timing
+    assert f"  per pass:   {first:,.0f}, {second:,.0f} samples/s (first to last)" in str(s)
+    assert "per pass" not in str(measure([torch.zeros(2)]).meter.summary())

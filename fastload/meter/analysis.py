@@ -179,10 +179,13 @@ def summarize(
         steady = known
     passes = len(rec.pass_first)
     wall = 0.0
+    rates = []  # samples/s of each pass: a cold first epoch stands apart from warm ones
     for p, f in enumerate(rec.pass_first):
         last = rec.pass_first[p + 1] - 1 if p + 1 < passes else n - 1
         finish = rec.pass_end[p] if math.isfinite(rec.pass_end[p]) else rec.end[last]
         wall += finish - rec.start[f]
+        span = finish - rec.start[f]
+        rates.append(float(t["samples"][f:last + 1].sum()) / span if span > 0 else 0.0)
     samples = int(t["samples"].sum())
     copy = (
         float(np.array(rec.copy, dtype=np.float64)[steady].mean())
@@ -258,6 +261,7 @@ def summarize(
         diagnosis=diagnosis,
         worker_stats=workers,
         engine=engine,
+        pass_samples_per_s=tuple(rates),
         wait_for_workers_s=split[0] if split is not None else None,
         receive_s=split[1] if split is not None else None,
     )

@@ -154,11 +154,21 @@ class Summary:
     wait_for_workers_s: float | None = None
     receive_s: float | None = None
     engine: str | None = None
+    pass_samples_per_s: tuple[float, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["verdict"] = self.verdict.value
         return out
+
+    def _per_pass(self) -> list[str]:
+        """One line of samples/s per pass when there are several (at most the first 3 and
+        the last 3)."""
+        rates = [f"{r:,.0f}" for r in self.pass_samples_per_s]
+        if len(rates) < 2:
+            return []
+        shown = rates if len(rates) <= 6 else [*rates[:3], "...", *rates[-3:]]
+        return [f"  per pass:   {', '.join(shown)} samples/s (first to last)"]
 
     def __str__(self) -> str:
         if self.batches == 0:
@@ -169,6 +179,7 @@ class Summary:
                 f"{self.samples} samples, {self.samples_per_s:.1f} samples/s"
             ),
             f"  measured:   {self.measured_by}",
+            *self._per_pass(),
             f"  steady state ({self.steady_batches} batches, first batch of each pass apart):",
             (
                 f"  step        {_ms(self.step_mean_s)} mean = loop {_ms(self.compute_mean_s)} "
