@@ -50,7 +50,7 @@ def _cold_cache(cache_dir: str | None, warm_url: str) -> str:
     return (
         f"its cache at {cache_dir} did not hold them yet (a first epoch) or had no room for "
         f"them: fill it before training (`fastload cache warm {warm_url} --cache {cache_dir}`) "
-        f"and check with `fastload cache stats --cache {cache_dir}` that its budget holds the "
+        f"and check with `fastload cache stats {cache_dir}` that its budget holds the "
         "dataset"
     )
 
