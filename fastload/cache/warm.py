@@ -210,4 +210,3 @@ def _warm(
             failed=len(report.failed), last_error=str(last), report=report,
         ) from last
     return report
-

@@ -40,17 +40,17 @@ def cache_dir(cache: Any) -> str | None:
     return None if disk is None else os.fspath(disk)
 
 
-def _cold_cache(cache_dir: str | None, warm_url: str) -> str:
-    if cache_dir is None:
+def _cold_cache(directory: str | None, warm_url: str) -> str:
+    if directory is None:
         return (
             "its cache has no disk tier, so nothing outlives the process: add one "
             f"(cache={_DEFAULT_DIR!r}) and fill it before training (`fastload cache warm "
             f"{warm_url} --cache {_DEFAULT_DIR}`)"
         )
     return (
-        f"its cache at {cache_dir} did not hold them yet (a first epoch) or had no room for "
-        f"them: fill it before training (`fastload cache warm {warm_url} --cache {cache_dir}`) "
-        f"and check with `fastload cache stats {cache_dir}` that its budget holds the "
+        f"its cache at {directory} did not hold them yet (a first epoch) or had no room for "
+        f"them: fill it before training (`fastload cache warm {warm_url} --cache {directory}`) "
+        f"and check with `fastload cache stats {directory}` that its budget holds the "
         "dataset"
     )
 

@@ -132,10 +132,8 @@ def files_named(url: str, storage_options: dict[str, Any], *, owner: str) -> lis
     expanded, or a wids shard index file, the shards it lists (NOTE [a shard index file]);
     None for a folder or a single file (a ``.json`` that is no shard index is one)."""
     if is_shard_index(url):
-        try:
+        try:  # a missing file (ObjectNotFoundError, a StorageError) is raised as it is
             return [u for u, _ in read_shard_index(url, storage_options).shards]
-        except ObjectNotFoundError:
-            raise
         except DatasetError:
             return None
     if is_pattern(url):

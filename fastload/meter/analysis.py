@@ -183,8 +183,8 @@ def summarize(
     for p, f in enumerate(rec.pass_first):
         last = rec.pass_first[p + 1] - 1 if p + 1 < passes else n - 1
         finish = rec.pass_end[p] if math.isfinite(rec.pass_end[p]) else rec.end[last]
-        wall += finish - rec.start[f]
         span = finish - rec.start[f]
+        wall += span
         rates.append(float(t["samples"][f:last + 1].sum()) / span if span > 0 else 0.0)
     samples = int(t["samples"].sum())
     copy = (
