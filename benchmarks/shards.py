@@ -265,8 +265,9 @@ def main() -> None:
                 pairs[kind].append(epochs(n, DataLoader(dataset, **run), loader_cpu[kind]))
                 server[kind].append(children_cpu() - before)
             store = ds.shard_store
-            fetched = (f"{store.downloads} shards, {store.requests} range requests, {store.around} "
-                       "samples read from the origin while their shard downloaded"
+            fetched = (f"{store.downloads} shards, {store.requests} range requests; while their "
+                       f"shard downloaded, {store.early} samples read from the download as they "
+                       f"landed, {store.around} from the origin"
                        if store is not None else "no shard store: a range request per sample")
         names = {"cold": "cold cache", "warm": "warm cache", "warm from disk": "warm, from disk"}
         for kind, got in pairs.items():

@@ -307,16 +307,16 @@ def test_two_downloads_never_count_the_same_free_bytes(remote, s3_options, tmp_p
     assert store.files.used() <= store.budget
 
 
-def test_a_read_that_waited_for_the_download_to_begin_reads_around_it(
-        remote, s3_options, s3_server, tmp_path, monkeypatch):
-    """NOTE [reads around a download]: a read of a shard that another thread of the process
-    is about to download (its version asked first) does not wait for the whole download."""
+def _held_download(monkeypatch, **landing_kw):
+    """Make the store's next download ask its version, then wait until the test lets it go on
+    (``begun``, ``finish``): the events, with ``asked`` (set once the version is being asked)
+    and ``started`` (set once the download is under way, its requests held).
+    ``landing_kw`` are given to the store's :class:`Landing` (smaller parts, fewer at once)."""
+    import functools
+
     import fastload.cache.shardstore as shardstore
 
-    ds = remote_ds(remote, s3_options, {"disk": str(tmp_path / "cache")})
-    first, second = [i for i in range(len(ds)) if ds.index.shards[i] == 0][:2]
-    expected = remote_ds(remote, s3_options, None).read_bytes(second)
-    asked, begun, finish = threading.Event(), threading.Event(), threading.Event()
+    asked, begun, finish, started = (threading.Event() for _ in range(4))
     check, download = shardstore.check_version, shardstore.download_ranges
 
     def slow_check(fs, ref):  # the version asked over a slow network
@@ -324,30 +324,91 @@ def test_a_read_that_waited_for_the_download_to_begin_reads_around_it(
         assert begun.wait(60)
         return check(fs, ref)
 
-    def slow_download(*args, **kw):  # a download that ends only when the test says so
+    def slow_download(*args, **kw):  # a download whose requests go out when the test says so
+        started.set()
         assert finish.wait(60)
         return download(*args, **kw)
 
     monkeypatch.setattr(shardstore, "check_version", slow_check)
     monkeypatch.setattr(shardstore, "download_ranges", slow_download)
+    if landing_kw:
+        import fastload.cache.shardlanding as shardlanding
+
+        monkeypatch.setattr(shardlanding, "Landing",
+                            functools.partial(shardlanding.Landing, **landing_kw))
+    return asked, begun, finish, started
+
+
+def test_a_read_that_waited_for_the_download_to_begin_reads_from_the_download(
+        remote, s3_options, s3_server, tmp_path, monkeypatch):
+    """NOTE [reads from a download in progress]: a read of a shard that another thread of the
+    process is about to download (its version asked first) waits for its bytes to land in the
+    download's file, then reads them there: no request of its own."""
+    ds = remote_ds(remote, s3_options, {"disk": str(tmp_path / "cache")})
+    first, second = [i for i in range(len(ds)) if ds.index.shards[i] == 0][:2]
+    origin = remote_ds(remote, s3_options, None)
+    expected = {"first": origin.read_bytes(first), "second": origin.read_bytes(second)}
+    asked, begun, finish, _ = _held_download(monkeypatch)
+    import fastload.cache.shardlanding as shardlanding
+
+    waiting, read = threading.Event(), shardlanding.Landing.read
+
+    def read_and_tell(self, *args, **kw):  # the read reached the download's landing
+        waiting.set()
+        return read(self, *args, **kw)
+
+    monkeypatch.setattr(shardlanding.Landing, "read", read_and_tell)
     got: dict[str, bytes] = {}
     downloading = threading.Thread(target=lambda: got.update(first=ds.read_bytes(first)))
     reading = threading.Thread(target=lambda: got.update(second=ds.read_bytes(second)))
+    s3_server.reset_counts()
     try:
         downloading.start()
         assert asked.wait(60)
         reading.start()  # finds the shard's gate taken: it waits for the download to begin
-        threading.Event().wait(0.2)  # (an ordering aid only: the read is waiting by now)
         begun.set()
+        assert waiting.wait(60)  # the read found the download begun and asks it for its bytes
+        assert "second" not in got  # nothing has landed: it waits, it does not go around
+        finish.set()
         reading.join(60)
-        assert not reading.is_alive(), "the read waited for the whole download"
-        assert got["second"] == expected and ds.shard_store.around == 1
-        assert "first" not in got  # the download was still going on
+        downloading.join(60)
     finally:
         begun.set()
         finish.set()
         downloading.join(60)
         reading.join(60)
+    assert got == expected
+    store = ds.shard_store
+    assert (store.downloads, store.early, store.around) == (1, 1, 0)
+    assert whole_downloads(s3_server, remote[:1]) == [1]
+    assert shard_gets(s3_server, remote[:1]) == [1]  # the download's one range request only
+
+
+def test_a_read_in_a_part_not_yet_requested_reads_around_the_download(
+        remote, s3_options, s3_server, tmp_path, monkeypatch):
+    """NOTE [reads around a download]: a read whose bytes lie in a part of the download not
+    yet requested (a shard of more parts than go at once) does not wait for it: it reads its
+    range from the origin. Parts of 4 KiB, one counted as requested from the start."""
+    ds = remote_ds(remote, s3_options, {"disk": str(tmp_path / "cache")})
+    in_shard = [i for i in range(len(ds)) if ds.index.shards[i] == 0]
+    first = in_shard[0]
+    late = next(i for i in in_shard if ds.index.offsets[i] > 8192)
+    expected = remote_ds(remote, s3_options, None).read_bytes(late)
+    asked, begun, finish, started = _held_download(monkeypatch, part=4096, in_flight=1)
+    got: dict[str, bytes] = {}
+    downloading = threading.Thread(target=lambda: got.update(first=ds.read_bytes(first)))
+    try:
+        downloading.start()
+        assert asked.wait(60)
+        begun.set()
+        assert started.wait(60)
+        assert ds.read_bytes(late) == expected  # while no part of the download has landed
+        assert (ds.shard_store.around, ds.shard_store.early) == (1, 0)
+        assert "first" not in got
+    finally:
+        begun.set()
+        finish.set()
+        downloading.join(60)
     assert got["first"] == remote_ds(remote, s3_options, None).read_bytes(first)
     assert ds.shard_store.downloads == 1
 

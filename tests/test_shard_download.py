@@ -1,11 +1,13 @@
 """A shard downloaded into a file (fastload.cache.shardfetch, NOTE [streamed ranges]): from
 moto's S3 server, directly and behind latency::, its ranges streamed into the file in pieces;
 from a local file in threads; the same bytes every way, the requests counted on the server,
-an object shorter than its index says refused, naming it."""
+an object shorter than its index says refused, naming it; its bytes read while it runs, as
+they land (NOTE [reads from a download in progress])."""
 
 from __future__ import annotations
 
 import os
+import threading
 
 import fsspec
 import fsspec.asyn
@@ -13,7 +15,7 @@ import pytest
 import s3fs
 
 from fastload.cache.cachedir import CacheDir
-from fastload.cache.shardfetch import download_ranges
+from fastload.cache.shardfetch import Landing, download_ranges
 from fastload.cache.shardfiles import ShardFiles
 from fastload.io.streams import CHUNK_BYTES, range_chunks
 from tests.fixtures.s3 import upload_folder
@@ -107,3 +109,78 @@ def test_a_stalled_store_ends_the_download_at_its_deadline_naming_the_bytes(
         fs.release()
         os.close(fd)
     assert download(fs, path, SIZE, tmp_path / "again") == (shard[0], 3)
+
+
+def _reader(landing: Landing, offset: int, length: int) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+    thread = threading.Thread(target=lambda: out.update(data=landing.read(offset, length)))
+    thread.start()
+    return thread, out
+
+
+def test_a_landing_answers_a_range_once_its_bytes_landed_and_never_after_close(tmp_path):
+    data = os.urandom(10_000)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        landing = Landing(fd, len(data), part=4096, in_flight=1)  # parts 0-4095, 4096-8191, ...
+        assert landing.read(5000, 10) is None  # part 1 not requested yet: not waited for
+        assert landing.read(9990, 20) is None  # past the end
+        within, out = _reader(landing, 100, 50)
+        spanning, out2 = _reader(landing, 4000, 200)  # parts 0 and 1
+        os.pwrite(fd, data[:1000], 0)
+        landing.landed(0, 1000)
+        within.join(60)
+        assert out["data"] == data[100:150]
+        os.pwrite(fd, data[1000:4096], 1000)
+        landing.landed(0, 4096)
+        assert landing.read(4000, 96) == data[4000:4096]
+        landing.begin(1)  # (the spanning read gave up on part 1: it answered None)
+        spanning.join(60)
+        assert out2["data"] is None
+        waiting, out3 = _reader(landing, 4000, 200)
+        threading.Event().wait(0.1)  # (an ordering aid only)
+        assert waiting.is_alive()  # part 1 on its way, 104 of its bytes not landed
+        os.pwrite(fd, data[4096:4300], 4096)
+        landing.landed(1, 4300)
+        waiting.join(60)
+        assert out3["data"] == data[4000:4200]
+        landing.begin(2)
+        last, out4 = _reader(landing, 9000, 100)
+        landing.close()
+        last.join(60)
+        assert out4["data"] is None and landing.closed
+        assert landing.read(100, 50) is None  # the file may be closed now: never read after
+    finally:
+        os.close(fd)
+
+
+def test_reads_during_a_download_from_s3_wait_for_their_bytes_and_get_them(
+        remote, s3_options, shard, tmp_path):
+    fs, path = fsspec.core.url_to_fs(f"latency::{remote}", s3=s3_options,
+                                     latency={"latency": 0.001})
+    files = ShardFiles(CacheDir(tmp_path / "cache", create=True))
+    name, fd = files.new_temp(SIZE)
+    landing = Landing(fd, SIZE, part=PART, in_flight=2)
+    ranges = [(10, 1000), (PART - 500, 1000), (2 * PART + 7, 5000)]  # parts 0, 0-1, 2
+    fs.hold()  # every request waits: nothing lands until the store answers
+    done: dict = {}
+    downloading = threading.Thread(
+        target=lambda: done.update(n=download_ranges(fs, path, SIZE, fd, part=PART,
+                                                     in_flight=2, landing=landing)))
+    try:
+        downloading.start()
+        readers = [_reader(landing, o, n) for o, n in ranges[:2]]
+        assert landing.read(*ranges[2]) is None  # part 2 waits for a place among the two
+        threading.Event().wait(0.1)  # (an ordering aid only)
+        assert all(t.is_alive() for t, _ in readers)  # waiting for the store, not given up
+        fs.release()
+        for thread, _ in readers:
+            thread.join(60)
+        downloading.join(60)
+        assert [out["data"] for _, out in readers] == [shard[0][o:o + n] for o, n in ranges[:2]]
+        assert done["n"] == 3
+        assert landing.read(*ranges[2]) == shard[0][ranges[2][0]:sum(ranges[2])]
+    finally:
+        fs.release()
+        downloading.join(60)
+        os.close(fd)

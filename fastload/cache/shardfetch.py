@@ -5,12 +5,16 @@ of them are requested at once. On an async filesystem (s3fs, HTTP, ``latency::``
 are coroutines on the filesystem's own event loop, each bounded by a deadline and written at
 its offset in pieces as they arrive (NOTE [streamed ranges]); on any other, threads, each
 part written whole. Transient failures are retried as every origin read is
-(:mod:`fastload.io.origin`); a part that comes back short raises, naming the shard.
+(:mod:`fastload.io.origin`); a part that comes back short raises, naming the shard. What has
+landed is told to a :class:`~fastload.cache.shardlanding.Landing` as it lands, for the
+readers of the file (NOTE [reads from a download in progress]).
 
 Example::
 
     >>> fd = os.open("/nvme/x.tar", os.O_RDWR | os.O_CREAT)
-    >>> download_ranges(fs, "bucket/train-000000.tar", 256 << 20, fd)   # 32 requests of 8 MiB
+    >>> landing = Landing(fd, 256 << 20)
+    >>> download_ranges(fs, "bucket/train-000000.tar", 256 << 20, fd, landing=landing)  # 32 x 8 MiB
+    >>> landing.read(1536, 110_000)      # meanwhile, in another thread: bytes once they landed
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 import fsspec.asyn
 from fsspec.exceptions import FSTimeoutError
 
+from fastload.cache.shardlanding import PART_BYTES, PARTS_IN_FLIGHT, Landing
 from fastload.io.fetch import is_async
 from fastload.io.origin import READ_DEADLINE_S, attempts_here, backoff, is_unavailable
 from fastload.io.streams import range_chunks
@@ -33,16 +38,6 @@ from fastload.io.streams import range_chunks
 logger = logging.getLogger(__name__)
 
 __all__ = ["PARTS_IN_FLIGHT", "PART_BYTES", "download_ranges"]
-
-PART_BYTES = 8 << 20
-"""Bytes of one range request."""
-
-PARTS_IN_FLIGHT = 8
-"""Range requests of one shard in flight at once."""
-
-
-def _parts(size: int, part: int) -> list[tuple[int, int]]:
-    return [(start, min(start + part, size)) for start in range(0, size, part)] or [(0, 0)]
 
 
 def _short(path: str, start: int, end: int, got: int) -> OSError:
@@ -55,28 +50,32 @@ def _short(path: str, start: int, end: int, got: int) -> OSError:
 def download_ranges(
     fs: Any, path: str, size: int, fd: int, *, part: int = PART_BYTES,
     in_flight: int = PARTS_IN_FLIGHT, deadline: float = READ_DEADLINE_S,
+    landing: Landing | None = None,
 ) -> int:
     """Write bytes ``[0, size)`` of ``path`` on ``fs`` into ``fd`` at their offsets; the
-    number of range requests made. Raises the backend's error (or OSError for a short part)."""
-    parts = _parts(size, part)
+    number of range requests made. Raises the backend's error (or OSError for a short part).
+    ``landing`` (its parts stand for ``part``) is told what has landed as it lands."""
     if size == 0:
         return 0
+    landing = landing or Landing(fd, size, part, in_flight)
+    parts = landing.parts
     if is_async(fs):
         try:
-            return fsspec.asyn.sync(fs.loop, _download_async, fs, path, parts, fd, in_flight,
+            return fsspec.asyn.sync(fs.loop, _download_async, fs, path, landing, in_flight,
                                     deadline)
         except FSTimeoutError as exc:  # fsspec's sync drops the message of a TimeoutError
             cause = exc.__cause__
             raise TimeoutError(str(cause) or f"{path}: a part took over {deadline:g} s") from cause
     with ThreadPoolExecutor(max_workers=min(in_flight, len(parts)),
                             thread_name_prefix="fastload-shard-part") as pool:
-        for _ in pool.map(lambda p: _part_sync(fs, path, p, fd), parts):
+        for _ in pool.map(lambda k: _part_sync(fs, path, landing, k), range(len(parts))):
             pass
     return len(parts)
 
 
-def _part_sync(fs: Any, path: str, part: tuple[int, int], fd: int) -> None:
-    start, end = part
+def _part_sync(fs: Any, path: str, landing: Landing, k: int) -> None:
+    start, end = landing.parts[k]
+    landing.begin(k)
     attempts = attempts_here(fs)
     for attempt in range(1, attempts + 1):
         try:
@@ -88,20 +87,21 @@ def _part_sync(fs: Any, path: str, part: tuple[int, int], fd: int) -> None:
             time.sleep(backoff(attempt))
     if len(data) != end - start:
         raise _short(path, start, end, len(data))
-    os.pwrite(fd, data, start)
+    os.pwrite(landing.fd, data, start)
+    landing.landed(k, end)
 
 
-async def _download_async(
-    fs: Any, path: str, parts: list[tuple[int, int]], fd: int, in_flight: int, deadline: float,
-) -> int:
+async def _download_async(fs: Any, path: str, landing: Landing, in_flight: int,
+                          deadline: float) -> int:
     gate = asyncio.Semaphore(in_flight)
     attempts = attempts_here(fs)
 
-    async def one(start: int, end: int) -> None:
+    async def one(k: int, start: int, end: int) -> None:
         async with gate:
+            landing.begin(k)
             for attempt in range(1, attempts + 1):
                 try:
-                    got = await asyncio.wait_for(_write_part(fs, path, start, end, fd), deadline)
+                    got = await asyncio.wait_for(_write_part(fs, path, landing, k), deadline)
                     break
                 except asyncio.TimeoutError as exc:
                     raise TimeoutError(
@@ -114,7 +114,8 @@ async def _download_async(
         if got != end - start:
             raise _short(path, start, end, got)
 
-    tasks = [asyncio.ensure_future(one(s, e)) for s, e in parts]
+    parts = landing.parts
+    tasks = [asyncio.ensure_future(one(k, s, e)) for k, (s, e) in enumerate(parts)]
     try:
         await asyncio.gather(*tasks)
     finally:
@@ -124,14 +125,17 @@ async def _download_async(
     return len(parts)
 
 
-async def _write_part(fs: Any, path: str, start: int, end: int, fd: int) -> int:
-    """Write bytes ``[start, end)`` of ``path`` at their offsets in ``fd`` as they arrive
-    (NOTE [streamed ranges]); the bytes the store sent, up to one piece past ``end``."""
+async def _write_part(fs: Any, path: str, landing: Landing, k: int) -> int:
+    """Write part ``k`` of ``path`` at its offsets in the landing's file as it arrives (NOTE
+    [streamed ranges]), telling the landing; the bytes the store sent, up to one piece past
+    the part's end."""
+    start, end = landing.parts[k]
     offset = start
     async with contextlib.aclosing(range_chunks(fs, path, start, end)) as pieces:
         async for piece in pieces:
-            os.pwrite(fd, piece[: max(end - offset, 0)], offset)
+            os.pwrite(landing.fd, piece[: max(end - offset, 0)], offset)
             offset += len(piece)
             if offset > end:
                 break  # a store that sent more than asked: reported as a wrong length
+            landing.landed(k, offset)
     return offset - start

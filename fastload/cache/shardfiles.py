@@ -30,7 +30,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,6 +184,24 @@ class ShardFiles:
             self.remove_temp(name)
             raise
         return name, fd
+
+    def reserve(self, size: int, budget: int, keep: str, *, must: bool, timeout: float,
+                let_go: Callable[[], bool]) -> tuple[tuple[str, int] | None, int, int]:
+        """Room for a shard of ``size`` bytes in ``budget`` and its temporary file
+        (:meth:`new_temp`), made under :meth:`budget_lock` so that two downloads never count
+        the same free bytes: shards are evicted (:meth:`evict`, never ``keep``), and while it
+        does not fit and ``must``, ``let_go()`` lets go of one of the caller's own shards
+        (False: none left) and eviction goes on. Returns the file (None: no room and not
+        ``must``; with ``must`` it is made beyond the budget), the bytes in use besides it
+        (0 when the lock was not had in ``timeout`` s) and the shards evicted."""
+        with self.budget_lock(timeout) as got:
+            used, evicted = self.evict(size, budget, keep) if got else (0, 0)
+            while got and must and used + size > budget and let_go():
+                used, more = self.evict(size, budget, keep)
+                evicted += more
+            fits = used + size <= budget if got else must
+            # the file counts in the budget before the lock goes
+            return (self.new_temp(size) if fits or must else None), used, evicted
 
     def remove_temp(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -1,6 +1,7 @@
 """Where a shard's bytes come from besides the local disk: the origin, checked to still hold
 the indexed version, or a tier shared across nodes (Redis), which a download is published
-to (NOTE [the shard store] in :mod:`.shardstore`).
+to (NOTE [the shard store] in :mod:`.shardstore`); and the errors that send a read to the
+origin instead of the local copy.
 
 Example::
 
@@ -19,13 +20,25 @@ from typing import Any
 
 from fastload.cache.keys import make_key
 from fastload.cache.tier import Tier
-from fastload.errors import StorageError
+from fastload.errors import CacheError, StorageError
 from fastload.io.errors import storage_error
 from fastload.io.versions import version_of
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ShardChangedError", "ShardRef", "check_version", "from_shared", "publish"]
+__all__ = [
+    "ShardBusyError", "ShardChangedError", "ShardFillingError", "ShardRef", "check_version",
+    "from_shared", "publish",
+]
+
+
+class ShardBusyError(CacheError):
+    """Another process held a shard's lock past the timeout; read from the origin instead."""
+
+
+class ShardFillingError(ShardBusyError):
+    """This process is downloading the shard now and the range's part has not been requested
+    yet: read the range from the origin meanwhile."""
 
 
 class ShardChangedError(StorageError):

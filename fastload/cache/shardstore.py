@@ -59,16 +59,18 @@ from fastload.cache.keys import digest
 from fastload.cache.safefs import lock_to_fill, take_lock
 from fastload.cache.shardfetch import download_ranges
 from fastload.cache.shardfiles import ShardFiles, file_checksum
+from fastload.cache.shardlanding import Downloads
 from fastload.cache.shardpins import Holds, Pins, ShardPin
 from fastload.cache.shardsource import (
+    ShardBusyError,
     ShardChangedError,
+    ShardFillingError,
     ShardRef,
     check_version,
     from_shared,
     publish,
 )
 from fastload.cache.tier import Tier
-from fastload.errors import CacheError
 
 logger = logging.getLogger(__name__)
 
@@ -83,12 +85,8 @@ _AROUND_POLL_S = 0.005
 """How often a read waiting to open a shard looks whether this process downloads it."""
 
 
-class ShardBusyError(CacheError):
-    """Another process held a shard's lock past the timeout; read from the origin instead."""
-
-
-class ShardFillingError(ShardBusyError):
-    """This process is downloading the shard now: read the range from the origin meanwhile."""
+class _Downloading(Exception):
+    """Raised to a read waiting to open a shard that this process has begun to download."""
 
 
 class ShardStore:
@@ -103,9 +101,10 @@ class ShardStore:
         publish_max: largest shard published to ``shared`` tiers, in bytes.
 
     Attributes:
-        downloads, requests, from_shared, evicted, around: this process's counts (shards
-            fetched from the origin, range requests made, shards copied from a shared tier,
-            shards it evicted, samples read from the origin while their shard downloaded).
+        downloads, requests, from_shared, evicted, early, around: this process's counts
+            (shards fetched from the origin, range requests made, shards copied from a
+            shared tier, shards it evicted, samples read from a download in progress as
+            their bytes landed, samples read from the origin while their shard downloaded).
     """
 
     def __init__(
@@ -124,7 +123,7 @@ class ShardStore:
         self.keep_open = max(1, int(keep_open))
         self.lock_timeout = float(lock_timeout)
         self.publish_max = int(publish_max)
-        self.downloads = self.requests = self.from_shared = self.evicted = self.around = 0
+        self.downloads = self.requests = self.from_shared = self.evicted = 0
         self._files: ShardFiles | None = None
         self._setup()
         after_fork(self, ShardStore._after_fork)  # NOTE [locks across fork]
@@ -143,13 +142,23 @@ class ShardStore:
         self._opening: dict[str, threading.Lock] = {}
         self._verified: set[str] = set()
         self._held_damaged: set[str] = set()
-        self._filling: set[str] = set()  # shards this process is downloading now
+        self._downloads = Downloads()  # shards this process is downloading now
         self._warned = False
         self._files = None  # a forked child opens its own descriptors
 
     def __reduce__(self):
         return (_reopen, (str(self.directory), self.budget, self.shared, self.keep_open,
                           self.lock_timeout, self.publish_max))
+
+    @property
+    def early(self) -> int:
+        """Reads this process answered from a download in progress as their bytes landed."""
+        return self._downloads.early
+
+    @property
+    def around(self) -> int:
+        """Reads this process sent to the origin while it downloaded their shard."""
+        return self._downloads.around
 
     def __repr__(self) -> str:
         return f"ShardStore({str(self.directory)!r}, budget={self.budget} bytes)"
@@ -165,10 +174,22 @@ class ShardStore:
 
     def read(self, fs: Any, ref: ShardRef, offset: int, length: int) -> bytes:
         """Bytes ``[offset, offset + length)`` of the shard, from its local file (downloaded
-        first if needed). Raises :class:`ShardBusyError` (:class:`ShardFillingError` when
-        another thread of this process downloads it now), :class:`ShardChangedError` or the
-        download's error."""
-        pin = self._pin(fs, ref, use=True)
+        first if needed), or from a download of it in progress in this process as they land
+        (NOTE [reads from a download in progress] in :mod:`.shardfetch`). Raises
+        :class:`ShardBusyError` (:class:`ShardFillingError` when this process downloads it
+        now and the range's part has not begun: NOTE [reads around a download] in
+        :mod:`fastload.data.shard_cache_use`), :class:`ShardChangedError` or the download's
+        error."""
+        d = digest(ref.key)
+        while True:
+            data = self._downloads.read(d, ref.url, offset, length)
+            if data is not None:
+                return data
+            try:
+                pin = self._pin(fs, ref, use=True)
+                break
+            except _Downloading:
+                continue  # the download began while this read waited: read from it
         try:
             data = os.pread(pin.data_fd, length, offset)
         finally:
@@ -177,15 +198,6 @@ class ShardStore:
             raise OSError(f"{ref.url}: {len(data)} of {length} bytes at {offset} in its local copy "
                           f"{self.files.path} (the range lies past the shard's end)")
         return data
-
-    def read_around(self, ref: ShardRef) -> bool:
-        """Whether a read of the shard goes to the origin instead: this process is downloading
-        it now (NOTE [reads around a download] in :mod:`fastload.data.shard_cache_use`);
-        counted in ``around``."""
-        with self._mutex:
-            around = digest(ref.key) in self._filling
-            self.around += around
-            return around
 
     def local_path(self, fs: Any, ref: ShardRef) -> Path:
         """The local file of the shard (downloaded if needed), pinned while this store keeps
@@ -268,16 +280,14 @@ class ShardStore:
 
     def _enter(self, gate: threading.Lock, ref: ShardRef, d: str, *, around: bool) -> None:
         """Take the shard's gate. A read (``around``) that finds another thread of this process
-        downloading the shard meanwhile raises :class:`ShardFillingError` instead of waiting
-        for the whole download (NOTE [reads around a download])."""
+        downloading the shard meanwhile raises :class:`_Downloading` instead of waiting for
+        the whole download: it reads from the download (NOTE [reads around a download])."""
         if not around:
             gate.acquire()
             return
         while not gate.acquire(timeout=_AROUND_POLL_S):
-            with self._mutex:
-                if d in self._filling:
-                    self.around += 1
-                    raise ShardFillingError(f"{ref.url} is being downloaded by this process")
+            if d in self._downloads:
+                raise _Downloading(ref.url)
 
     def _open(self, fs: Any, ref: ShardRef, d: str) -> ShardPin:
         if d in self._held_damaged:
@@ -357,61 +367,52 @@ class ShardStore:
         temp, fd = reserved
         try:
             source = from_shared(self.shared, ref, fd)
-            requests = 0
-            if source is None:
-                check_version(fs, ref)
-                with self._mutex:  # the origin holds the indexed version: reads may go around
-                    self._filling.add(d)
-                requests = download_ranges(fs, ref.path, ref.size, fd)
-                source = "fetched"
-            with self._mutex:
-                self.requests += requests
-                self.downloads += source == "fetched"
-                self.from_shared += source == "shared"
-            checksum = file_checksum(fd, ref.size)
-            files.publish(temp, d, {"key": ref.key, "url": ref.url, "size": ref.size,
-                                    "xxh3": checksum})
-            self._verified.add(d)
-            if source == "fetched" and ref.size <= self.publish_max:
-                publish(self.shared, ref, fd)
-            return source
+            if source is not None:
+                self._keep(ref, d, temp, fd, source, requests=0)
+                return source
+            check_version(fs, ref)
+            with self._downloads.begun(d, fd, ref.size) as landing:  # read as it lands
+                requests = download_ranges(fs, ref.path, ref.size, fd, landing=landing)
+                self._keep(ref, d, temp, fd, "fetched", requests=requests)
+            return "fetched"
         except BaseException:
             files.remove_temp(temp)
             raise
         finally:
             os.close(fd)
-            with self._mutex:
-                self._filling.discard(d)
+
+    def _keep(self, ref: ShardRef, d: str, temp: str, fd: int, source: str, *,
+              requests: int) -> None:
+        """Count the shard written into ``fd`` and publish it: its file and record in the
+        store, its bytes to the shared tiers when it came from the origin."""
+        with self._mutex:
+            self.requests += requests
+            self.downloads += source == "fetched"
+            self.from_shared += source == "shared"
+        self.files.publish(temp, d, {"key": ref.key, "url": ref.url, "size": ref.size,
+                                     "xxh3": file_checksum(fd, ref.size)})
+        self._verified.add(d)
+        if source == "fetched" and ref.size <= self.publish_max:
+            publish(self.shared, ref, fd)
 
     def _reserve(self, ref: ShardRef, d: str, *, must: bool) -> tuple[str, int] | None:
-        """Room for the shard and its temporary file, made under ``budget.lock`` so that two
-        downloads never both count the same free bytes; None when there is no room."""
+        """Room for the shard and its temporary file (:meth:`ShardFiles.reserve`; a read that
+        needs room first lets go of this process's own older shards); None when there is no
+        room and ``must`` is False."""
         files = self.files
-        with files.budget_lock(self.lock_timeout) as got:
-            fits = self._make_room(ref, d, must=must) if got else must
-            # the file counts in the budget before the lock goes
-            return files.new_temp(ref.size) if fits else None
-
-    def _make_room(self, ref: ShardRef, d: str, *, must: bool) -> bool:
-        """Evict until the shard fits (call under ``budget.lock``): whether it may be fetched."""
-        files = self.files
-        used, evicted = files.evict(ref.size, self.budget, keep=d)
-        # A read that needs room first lets go of this process's own older shards.
-        while must and used + ref.size > self.budget and self._pins.release_oldest():
-            used, more = files.evict(ref.size, self.budget, keep=d)
-            evicted += more
+        temp, used, evicted = files.reserve(ref.size, self.budget, d, must=must,
+                                            timeout=self.lock_timeout,
+                                            let_go=self._pins.release_oldest)
         with self._mutex:
             self.evicted += evicted
-        if used + ref.size <= self.budget:
-            return True
-        if must and not self._warned:
+        if must and used + ref.size > self.budget and not self._warned:
             self._warned = True
             logger.warning(
                 "shard budget of %d bytes in %s is taken by %d bytes of shards in use; %s "
                 "(%d bytes) is downloaded beyond it. Raise shard_budget to at least a few "
                 "shards per reading process, or lower shuffle_window",
                 self.budget, files.path, used, ref.url, ref.size)
-        return must
+        return temp
 
 
 def _reopen(directory: str, budget: int, shared: list[Tier], keep_open: int,
