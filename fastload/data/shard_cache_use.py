@@ -38,11 +38,12 @@ from it. A shard another process downloads is waited for whole: one download per
 
 Reads went around for every sample of a shard downloading until 2026-12-07: 15-26 range
 requests per cold epoch of 21 shards (5,000 JPEGs of ~67 KB, moto + 15 ms, 2 shared cores),
-each ~15 ms of CPU between client and server, and the first batch was no sooner for it;
-reading from the download instead, 1-2 went around (108-164 read as they landed), the
-first batch came at 0.27-0.28 s against 0.32-0.39 s, moto's CPU over the epoch fell from
-0.68-0.75 to 0.57-0.61 s and cold vs warm went from 0.78x to 0.81x (medians of three
-rounds, ``/tmp`` probe of the benchmark's cold/warm rows in one session).
+each a request of the client's and, on moto, a read of the whole 17 MB object it slices the
+range from; the first batch was no sooner for them. Reading from the download instead, 0-2
+go around (103-211 read as they landed), the first batch comes at 0.27-0.28 s against
+0.32-0.39 s, and moto's CPU over the epoch fell from 0.68-0.75 to 0.57-0.63 s (a probe of
+three cold/warm rounds, before and after, in one session; ``benchmarks/shards.py`` prints
+both counts).
 
 NOTE [a sampler of one's own over shards]
 fastload's order reads ``shuffle_window`` files at a time and hands the loader's epoch to the
