@@ -343,7 +343,15 @@ def test_a_read_that_waited_for_the_download_to_begin_reads_from_the_download(
         remote, s3_options, s3_server, tmp_path, monkeypatch):
     """NOTE [reads from a download in progress]: a read of a shard that another thread of the
     process is about to download (its version asked first) waits for its bytes to land in the
-    download's file, then reads them there: no request of its own."""
+    download's file, then reads them there: no request of its own. (Its own copy of the
+    shards: a loader an earlier test left reading in the background cannot add a GET.)"""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3_options)
+    own = [u.replace("/train/", "/landing/") for u in remote]
+    for src, dst in zip(remote, own):
+        fs.copy(src.removeprefix("s3://"), dst.removeprefix("s3://"))
+    remote = own
     ds = remote_ds(remote, s3_options, {"disk": str(tmp_path / "cache")})
     first, second = [i for i in range(len(ds)) if ds.index.shards[i] == 0][:2]
     origin = remote_ds(remote, s3_options, None)
@@ -454,6 +462,38 @@ def test_a_shard_changed_at_the_origin_is_not_served_stale(
     new = remote_ds(copy, s3_options, cache, listing_max_age=0)
     shard1 = local_ds(local_shards)
     assert new.read_bytes(0) == shard1.read_bytes(10) != first  # the new bytes, not the copy
+
+
+@pytest.mark.parametrize("chain", ["s3", "latency::s3"])
+def test_a_shard_rewritten_during_its_download_is_refused_not_kept(
+        chain, remote, s3_options, tmp_path, monkeypatch):
+    """NOTE [the version asked with each range]: the version is asked once before the
+    download; a shard rewritten after that (here: right after) fails its range requests
+    (S3's If-Match) instead of being kept, new bytes under the old version's key."""
+    import s3fs
+
+    import fastload.cache.shardstore as shardstore
+
+    fs = s3fs.S3FileSystem(**s3_options)
+    path = f"{BUCKET}/rewritten-{chain.replace(':', '')}/shard-0.tar"
+    fs.copy(remote[0].removeprefix("s3://"), path)
+    url = f"s3://{path}" if chain == "s3" else f"latency::s3://{path}"
+    options = s3_options if chain == "s3" else {"s3": s3_options, "latency": {"latency": 0}}
+    ds = TarShards([url], size=32, train=True, cache={"disk": str(tmp_path / "cache")},
+                   storage_options=options)
+    check = shardstore.check_version
+
+    def check_then_rewrite(shard_fs, ref):  # the same size, other bytes: another ETag
+        check(shard_fs, ref)
+        fs.pipe_file(path, fs.cat_file(path)[::-1])
+
+    monkeypatch.setattr(shardstore, "check_version", check_then_rewrite)
+    changed = (r"shard-0\.tar changed at the origin while it was downloaded .* 412.*"
+               r"Build the TarShards again")
+    with pytest.raises(UnreadableSampleError, match=changed):
+        ds.read_bytes(0)
+    assert ds.shard_store.files.stored() == (0, [])  # nothing kept, no download left behind
+    assert ds.shard_store.downloads == 0
 
 
 def test_redis_shares_shards_between_two_nodes(remote, s3_options, s3_server, redis_url, tmp_path):

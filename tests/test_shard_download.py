@@ -18,6 +18,7 @@ from fastload.cache.cachedir import CacheDir
 from fastload.cache.shardfetch import Landing, download_ranges
 from fastload.cache.shardfiles import ShardFiles
 from fastload.io.streams import CHUNK_BYTES, range_chunks
+from fastload.io.versions import ObjectChangedError, version_of
 from tests.fixtures.s3 import upload_folder
 
 pytestmark = pytest.mark.timeout(120)
@@ -183,4 +184,23 @@ def test_reads_during_a_download_from_s3_wait_for_their_bytes_and_get_them(
     finally:
         fs.release()
         downloading.join(60)
+        os.close(fd)
+
+
+@pytest.mark.parametrize("chain", ["s3", "latency::s3"])
+def test_each_range_asks_s3_for_the_indexed_version(chain, remote, s3_options, shard, tmp_path):
+    """NOTE [the version asked with each range]: If-Match with the version's ETag."""
+    url = remote if chain == "s3" else f"latency::{remote}"
+    options = {"s3": s3_options, "latency": {"latency": 0}} if chain != "s3" else s3_options
+    fs, path = fsspec.core.url_to_fs(url, **options)
+    version = version_of(s3fs.S3FileSystem(**s3_options).info(remote))
+    files = ShardFiles(CacheDir(tmp_path / "cache", create=True))
+    name, fd = files.new_temp(SIZE)
+    try:
+        assert download_ranges(fs, path, SIZE, fd, part=PART, version=version) == 3
+        assert (files.path / name).read_bytes() == shard[0]
+        other = f'{SIZE}:"0123456789abcdef0123456789abcdef"'
+        with pytest.raises(ObjectChangedError, match=r"no longer the version .* indexed"):
+            download_ranges(fs, path, SIZE, fd, part=PART, version=other)
+    finally:
         os.close(fd)

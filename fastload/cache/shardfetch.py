@@ -50,11 +50,13 @@ def _short(path: str, start: int, end: int, got: int) -> OSError:
 def download_ranges(
     fs: Any, path: str, size: int, fd: int, *, part: int = PART_BYTES,
     in_flight: int = PARTS_IN_FLIGHT, deadline: float = READ_DEADLINE_S,
-    landing: Landing | None = None,
+    landing: Landing | None = None, version: str | None = None,
 ) -> int:
     """Write bytes ``[0, size)`` of ``path`` on ``fs`` into ``fd`` at their offsets; the
     number of range requests made. Raises the backend's error (or OSError for a short part).
-    ``landing`` (its parts stand for ``part``) is told what has landed as it lands."""
+    ``landing`` (its parts stand for ``part``) is told what has landed as it lands; each
+    range asks for ``version`` where the store can check it (NOTE [the version asked with
+    each range]: S3, :class:`~fastload.io.versions.ObjectChangedError` if rewritten)."""
     if size == 0:
         return 0
     landing = landing or Landing(fd, size, part, in_flight)
@@ -62,7 +64,7 @@ def download_ranges(
     if is_async(fs):
         try:
             return fsspec.asyn.sync(fs.loop, _download_async, fs, path, landing, in_flight,
-                                    deadline)
+                                    deadline, version)
         except FSTimeoutError as exc:  # fsspec's sync drops the message of a TimeoutError
             cause = exc.__cause__
             raise TimeoutError(str(cause) or f"{path}: a part took over {deadline:g} s") from cause
@@ -92,7 +94,7 @@ def _part_sync(fs: Any, path: str, landing: Landing, k: int) -> None:
 
 
 async def _download_async(fs: Any, path: str, landing: Landing, in_flight: int,
-                          deadline: float) -> int:
+                          deadline: float, version: str | None) -> int:
     gate = asyncio.Semaphore(in_flight)
     attempts = attempts_here(fs)
 
@@ -101,7 +103,8 @@ async def _download_async(fs: Any, path: str, landing: Landing, in_flight: int,
             landing.begin(k)
             for attempt in range(1, attempts + 1):
                 try:
-                    got = await asyncio.wait_for(_write_part(fs, path, landing, k), deadline)
+                    got = await asyncio.wait_for(_write_part(fs, path, landing, k, version),
+                                                 deadline)
                     break
                 except asyncio.TimeoutError as exc:
                     raise TimeoutError(
@@ -125,13 +128,14 @@ async def _download_async(fs: Any, path: str, landing: Landing, in_flight: int,
     return len(parts)
 
 
-async def _write_part(fs: Any, path: str, landing: Landing, k: int) -> int:
+async def _write_part(fs: Any, path: str, landing: Landing, k: int,
+                      version: str | None = None) -> int:
     """Write part ``k`` of ``path`` at its offsets in the landing's file as it arrives (NOTE
     [streamed ranges]), telling the landing; the bytes the store sent, up to one piece past
     the part's end."""
     start, end = landing.parts[k]
     offset = start
-    async with contextlib.aclosing(range_chunks(fs, path, start, end)) as pieces:
+    async with contextlib.aclosing(range_chunks(fs, path, start, end, version)) as pieces:
         async for piece in pieces:
             os.pwrite(landing.fd, piece[: max(end - offset, 0)], offset)
             offset += len(piece)

@@ -12,23 +12,24 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fastload.cache.keys import make_key
 from fastload.cache.tier import Tier
-from fastload.errors import CacheError, StorageError
+from fastload.errors import CacheError
 from fastload.io.errors import storage_error
-from fastload.io.versions import version_of
+from fastload.io.versions import ObjectChangedError, version_of
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "ShardBusyError", "ShardChangedError", "ShardFillingError", "ShardRef", "check_version",
-    "from_shared", "publish",
+    "ShardBusyError", "ShardChangedError", "ShardFillingError", "ShardRef", "changed_while",
+    "check_version", "from_shared", "publish",
 ]
 
 
@@ -41,7 +42,7 @@ class ShardFillingError(ShardBusyError):
     yet: read the range from the origin meanwhile."""
 
 
-class ShardChangedError(StorageError):
+class ShardChangedError(ObjectChangedError):
     """The shard at the origin is not the version its index recorded (it was rewritten)."""
 
 
@@ -71,6 +72,21 @@ def check_version(fs: Any, ref: ShardRef) -> None:
             f"{ref.url} changed at the origin since it was indexed (version {ref.version} "
             f"then, {now} now); its old bytes are not served: build the dataset again "
             "(listing_max_age=0) to index the new shard")
+
+
+@contextlib.contextmanager
+def changed_while(ref: ShardRef) -> Iterator[None]:
+    """Raise :class:`ShardChangedError` for a shard found rewritten at the origin while it was
+    downloaded (NOTE [the version asked with each range] in :mod:`fastload.io.streams`)."""
+    try:
+        yield
+    except ShardChangedError:
+        raise
+    except ObjectChangedError as exc:
+        raise ShardChangedError(
+            f"{ref.url} changed at the origin while it was downloaded ({exc}); its bytes are "
+            "not kept: build the dataset again (listing_max_age=0) to index the new shard"
+        ) from exc
 
 
 def from_shared(shared: Sequence[Tier], ref: ShardRef, fd: int) -> str | None:

@@ -66,6 +66,7 @@ from fastload.cache.shardsource import (
     ShardChangedError,
     ShardFillingError,
     ShardRef,
+    changed_while,
     check_version,
     from_shared,
     publish,
@@ -371,8 +372,9 @@ class ShardStore:
                 self._keep(ref, d, temp, fd, source, requests=0)
                 return source
             check_version(fs, ref)
-            with self._downloads.begun(d, fd, ref.size) as landing:  # read as it lands
-                requests = download_ranges(fs, ref.path, ref.size, fd, landing=landing)
+            with self._downloads.begun(d, fd, ref.size) as landing, changed_while(ref):
+                requests = download_ranges(fs, ref.path, ref.size, fd, landing=landing,
+                                           version=ref.version)  # read as it lands
                 self._keep(ref, d, temp, fd, "fetched", requests=requests)
             return "fetched"
         except BaseException:

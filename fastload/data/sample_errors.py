@@ -24,6 +24,7 @@ from fastload.errors import (
     UnreadableSampleError,
 )
 from fastload.io.errors import describe
+from fastload.io.versions import ObjectChangedError
 
 DECODE_ERRORS = (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 """Pillow's own decode errors; anything else (a bug, MemoryError) propagates unchanged."""
@@ -42,8 +43,11 @@ def unreadable(
     :class:`~fastload.errors.UnreadableSampleError` whose fix fits the cause in ``exc``.
     ``dataset``: the class to build again to re-list.
     """
-    root = exc.__cause__ if isinstance(exc, StorageError) and exc.__cause__ else exc
-    if isinstance(exc, FileNotFoundError):
+    changed = isinstance(exc, ObjectChangedError)  # its own message says what changed
+    root = exc.__cause__ if isinstance(exc, StorageError) and exc.__cause__ and not changed else exc
+    if changed:
+        kind, fix = UnreadableSampleError, f"Build the {dataset} again to index the new version"
+    elif isinstance(exc, FileNotFoundError):
         kind: type[UnreadableSampleError] = MissingSampleError
         fix = (f"It was listed but is gone: restore it, or build the {dataset} again to re-list "
                "(with listing_max_age=0 for a remote root)")

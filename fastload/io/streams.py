@@ -18,6 +18,15 @@ coroutines with a leading underscore; fastload's ``latency::`` stand-in does, to
 latency and pass the stream of its target through). Any other async filesystem answers with
 its ``_cat_file``, one piece.
 
+NOTE [the version asked with each range]
+The shard store asks the origin for a shard's version once, then downloads it in parts
+(:mod:`fastload.cache.shardfetch`): a shard rewritten at the origin between the two, or
+between two parts, was kept as a file of the new bytes, or of old and new ones mixed, under
+the key of the version it was indexed at, and served as that version. On S3 each range
+request now carries the indexed ETag (``If-Match``), so a rewritten object fails the request
+(412) instead, raised as :class:`~fastload.io.versions.ObjectChangedError`; other stores
+keep the one check before the download.
+
 Example::
 
     >>> async for piece in range_chunks(fs, "bucket/train-000000.tar", 0, 8 << 20):
@@ -26,9 +35,12 @@ Example::
 
 from __future__ import annotations
 
+import errno
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
+
+from fastload.io.versions import ObjectChangedError, etag_in
 
 __all__ = ["CHUNK_BYTES", "range_chunks"]
 
@@ -36,17 +48,23 @@ CHUNK_BYTES = 1 << 20
 """The most bytes one piece of a streamed range holds."""
 
 
-def range_chunks(fs: Any, path: str, start: int, end: int) -> AsyncIterator[bytes]:
+def range_chunks(fs: Any, path: str, start: int, end: int,
+                 version: str | None = None) -> AsyncIterator[bytes]:
     """Bytes ``[start, end)`` of ``path`` on the async filesystem ``fs``, in pieces of at most
     :data:`CHUNK_BYTES` where it can stream them (NOTE [streamed ranges]), else in one. The
     pieces hold fewer bytes than asked when the object is shorter; errors are the backend's.
-    Close it (``contextlib.aclosing``) when leaving it early: that ends the response."""
+    Close it (``contextlib.aclosing``) when leaving it early: that ends the response.
+
+    ``version`` (a :func:`~fastload.io.versions.version_of` string): on S3 the request asks
+    for that version's ETag (``If-Match``) and an object rewritten since raises
+    :class:`~fastload.io.versions.ObjectChangedError` (NOTE [the version asked with each
+    range]); other stores do not check it here."""
     own = getattr(fs, "_range_chunks", None)
     if own is not None:
-        return own(path, start, end)
+        return own(path, start, end, version=version)
     s3fs = sys.modules.get("s3fs")
     if s3fs is not None and isinstance(fs, s3fs.S3FileSystem) and end > start:
-        return _s3_chunks(fs, path, start, end)
+        return _s3_chunks(fs, path, start, end, version)
     return _whole(fs, path, start, end)
 
 
@@ -54,14 +72,36 @@ async def _whole(fs: Any, path: str, start: int, end: int) -> AsyncIterator[byte
     yield await fs._cat_file(path, start=start, end=end)
 
 
-async def _s3_chunks(fs: Any, path: str, start: int, end: int) -> AsyncIterator[bytes]:
-    bucket, key, version = fs.split_path(path)
-    extra = {"VersionId": version} if version else {}
-    response = await fs._call_s3("get_object", Bucket=bucket, Key=key,
-                                 Range=f"bytes={start}-{end - 1}", **extra, **fs.req_kw)
+async def _s3_chunks(fs: Any, path: str, start: int, end: int,
+                     version: str | None) -> AsyncIterator[bytes]:
+    bucket, key, version_id = fs.split_path(path)
+    extra = {"VersionId": version_id} if version_id else {}
+    etag = etag_in(version) if version else None
+    if etag:
+        extra["IfMatch"] = etag
+    try:
+        response = await fs._call_s3("get_object", Bucket=bucket, Key=key,
+                                     Range=f"bytes={start}-{end - 1}", **extra, **fs.req_kw)
+    except OSError as exc:
+        if etag and _precondition_failed(exc):
+            raise ObjectChangedError(
+                f"s3://{bucket}/{key} is no longer the version {version} that was indexed "
+                "(S3 answered a range request for its ETag with 412: rewritten at the "
+                "origin meanwhile)") from exc
+        raise
     body = response["Body"]
     try:
         while piece := await body.read(CHUNK_BYTES):
             yield piece
     finally:
         body.close()
+
+
+def _precondition_failed(exc: OSError) -> bool:
+    """Whether s3fs's error is S3's 412 (an ``If-Match`` not met): s3fs gives it as EINVAL,
+    its botocore error (the cause) coded ``PreconditionFailed``."""
+    if exc.errno != errno.EINVAL:
+        return False
+    cause = exc.__cause__ or exc.__context__
+    code = (getattr(cause, "response", None) or {}).get("Error", {}).get("Code")
+    return code in ("PreconditionFailed", "412") or "pre-condition" in str(exc).lower()

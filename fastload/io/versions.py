@@ -30,6 +30,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from fastload.errors import StorageError
+
 # Fields that fsspec implementations use for an object's version, most specific first.
 _ETAG_FIELDS = ("ETag", "etag", "md5Hash", "md5", "generation", "version_id", "VersionId")
 _MTIME_FIELDS = ("mtime", "LastModified", "last_modified", "updated", "modified", "created")
@@ -50,6 +52,17 @@ def version_of(info: Mapping[str, Any]) -> str:
     lfs = info.get("lfs")
     blob = info.get("blob_id") or (lfs.get("sha256") if isinstance(lfs, Mapping) else None)
     return f"{size}:{blob}" if blob else f"{size}"
+
+
+class ObjectChangedError(StorageError):
+    """The object at the origin is no longer the version a read asked for (it was rewritten)."""
+
+
+def etag_in(version: str) -> str | None:
+    """The etag in a :func:`version_of` string (``'10:"abc"'`` gives ``'"abc"'``): S3's quoted
+    ETag, what an ``If-Match`` header asks for; None when the version holds none."""
+    _, _, rest = version.partition(":")
+    return rest if len(rest) > 2 and rest[0] == rest[-1] == '"' and ":" not in rest else None
 
 
 def local_version(st: os.stat_result) -> str:

@@ -143,15 +143,17 @@ class LatencyFileSystem(ChainedFileSystem):
                 return f.read()
         return self.fs.cat_file(target, start=start, end=end, **kwargs)
 
-    async def _range_chunks(self, path: str, start: int, end: int) -> AsyncIterator[bytes]:
-        """A range as its target streams it (NOTE [streamed ranges]), after the latency; a
-        ``cat_file`` request."""
+    async def _range_chunks(self, path: str, start: int, end: int,
+                            version: str | None = None) -> AsyncIterator[bytes]:
+        """A range as its target streams it (NOTE [streamed ranges]; ``version`` passed on),
+        after the latency; a ``cat_file`` request."""
         if not getattr(self.fs, "async_impl", False):
             yield await self._cat_file(path, start=start, end=end)
             return
         await self._arrive("cat_file")
         target = self._target_path(path)
-        async with contextlib.aclosing(range_chunks(self.fs, target, start, end)) as pieces:
+        async with contextlib.aclosing(range_chunks(self.fs, target, start, end,
+                                                    version)) as pieces:
             async for piece in pieces:
                 yield piece
 
