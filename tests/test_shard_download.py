@@ -41,9 +41,14 @@ def remote(s3_options, shard) -> str:
     return upload_folder(s3_options, shard[1], f"s3://{BUCKET}") + "/shard-000000.tar"
 
 
-def download(fs, path: str, size: int, tmp_path) -> tuple[bytes, int]:
+def new_target(tmp_path, size: int = SIZE) -> tuple[ShardFiles, str, int]:
+    """A shard store's directory below ``tmp_path`` and a new download file in it."""
     files = ShardFiles(CacheDir(tmp_path / "cache", create=True))
-    name, fd = files.new_temp(size)
+    return (files, *files.new_temp(size))
+
+
+def download(fs, path: str, size: int, tmp_path) -> tuple[bytes, int]:
+    files, name, fd = new_target(tmp_path, size)
     try:
         requests = download_ranges(fs, path, size, fd, part=PART)
         return (files.path / name).read_bytes(), requests
@@ -99,8 +104,7 @@ def test_a_stalled_store_ends_the_download_at_its_deadline_naming_the_bytes(
         remote, s3_options, shard, tmp_path):
     fs, path = fsspec.core.url_to_fs(f"latency::{remote}", s3=s3_options,
                                      latency={"latency": 0.001})
-    files = ShardFiles(CacheDir(tmp_path / "cache", create=True))
-    name, fd = files.new_temp(SIZE)
+    files, name, fd = new_target(tmp_path)
     fs.hold()
     try:
         stalled = r"bytes 0-2621440 of .*shard-000000\.tar took over 0\.5 s"
@@ -159,8 +163,7 @@ def test_reads_during_a_download_from_s3_wait_for_their_bytes_and_get_them(
         remote, s3_options, shard, tmp_path):
     fs, path = fsspec.core.url_to_fs(f"latency::{remote}", s3=s3_options,
                                      latency={"latency": 0.001})
-    files = ShardFiles(CacheDir(tmp_path / "cache", create=True))
-    name, fd = files.new_temp(SIZE)
+    files, name, fd = new_target(tmp_path)
     landing = Landing(fd, SIZE, part=PART, in_flight=2)
     ranges = [(10, 1000), (PART - 500, 1000), (2 * PART + 7, 5000)]  # parts 0, 0-1, 2
     fs.hold()  # every request waits: nothing lands until the store answers
@@ -194,8 +197,7 @@ def test_each_range_asks_s3_for_the_indexed_version(chain, remote, s3_options, s
     options = {"s3": s3_options, "latency": {"latency": 0}} if chain != "s3" else s3_options
     fs, path = fsspec.core.url_to_fs(url, **options)
     version = version_of(s3fs.S3FileSystem(**s3_options).info(remote))
-    files = ShardFiles(CacheDir(tmp_path / "cache", create=True))
-    name, fd = files.new_temp(SIZE)
+    files, name, fd = new_target(tmp_path)
     try:
         assert download_ranges(fs, path, SIZE, fd, part=PART, version=version) == 3
         assert (files.path / name).read_bytes() == shard[0]
