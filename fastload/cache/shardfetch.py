@@ -129,7 +129,7 @@ async def _download_async(fs: Any, path: str, landing: Landing, in_flight: int,
 
 
 async def _write_part(fs: Any, path: str, landing: Landing, k: int,
-                      version: str | None = None) -> int:
+                      version: str | None) -> int:
     """Write part ``k`` of ``path`` at its offsets in the landing's file as it arrives (NOTE
     [streamed ranges]), telling the landing; the bytes the store sent, up to one piece past
     the part's end."""

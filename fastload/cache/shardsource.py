@@ -80,8 +80,6 @@ def changed_while(ref: ShardRef) -> Iterator[None]:
     downloaded (NOTE [the version asked with each range] in :mod:`fastload.io.streams`)."""
     try:
         yield
-    except ShardChangedError:
-        raise
     except ObjectChangedError as exc:
         raise ShardChangedError(
             f"{ref.url} changed at the origin while it was downloaded ({exc}); its bytes are "

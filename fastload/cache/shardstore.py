@@ -176,7 +176,7 @@ class ShardStore:
     def read(self, fs: Any, ref: ShardRef, offset: int, length: int) -> bytes:
         """Bytes ``[offset, offset + length)`` of the shard, from its local file (downloaded
         first if needed), or from a download of it in progress in this process as they land
-        (NOTE [reads from a download in progress] in :mod:`.shardfetch`). Raises
+        (NOTE [reads from a download in progress] in :mod:`.shardlanding`). Raises
         :class:`ShardBusyError` (:class:`ShardFillingError` when this process downloads it
         now and the range's part has not begun: NOTE [reads around a download] in
         :mod:`fastload.data.shard_cache_use`), :class:`ShardChangedError` or the download's
@@ -187,7 +187,7 @@ class ShardStore:
             if data is not None:
                 return data
             try:
-                pin = self._pin(fs, ref, use=True)
+                pin = self._pin(fs, ref, d, use=True)
                 break
             except _Downloading:
                 continue  # the download began while this read waited: read from it
@@ -203,7 +203,7 @@ class ShardStore:
     def local_path(self, fs: Any, ref: ShardRef) -> Path:
         """The local file of the shard (downloaded if needed), pinned while this store keeps
         it open (the ``keep_open`` most recently read): for readers that open it themselves."""
-        self._pin(fs, ref)
+        self._pin(fs, ref, digest(ref.key))
         return self.files.path / f"{digest(ref.key)}.data"
 
     def ensure(self, fs: Any, ref: ShardRef, *, must: bool = False, hold: bool = False) -> str:
@@ -263,8 +263,7 @@ class ShardStore:
 
     close = release_all
 
-    def _pin(self, fs: Any, ref: ShardRef, *, use: bool = False) -> ShardPin:
-        d = digest(ref.key)
+    def _pin(self, fs: Any, ref: ShardRef, d: str, *, use: bool = False) -> ShardPin:
         pin = self._pins.use(d, use=use)
         if pin is not None:
             return pin

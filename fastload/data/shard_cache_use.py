@@ -28,7 +28,7 @@ A shard is downloaded whole before its first pread, and an epoch's first batch d
 of 15 MB) before its first image, with every read thread blocked on a download. So while
 *this process* downloads a shard (the reader ahead, or a reader that got there first), a
 read of one of its samples reads it from the download's file as soon as its bytes have
-landed there (NOTE [reads from a download in progress] in :mod:`fastload.cache.shardfetch`;
+landed there (NOTE [reads from a download in progress] in :mod:`fastload.cache.shardlanding`;
 counted in the store's ``early``), waiting only while the part that holds them is on its
 way; a read whose part has not been requested yet (a shard of more than 8 parts of 8 MiB)
 is one range request to the origin instead (``origin``, as for a copy another process
