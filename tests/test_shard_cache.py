@@ -25,6 +25,7 @@ from tests.contracts.shard_cache import (
     damage_copies,
     one_download_each,
     two_processes_download_once,
+    wait_for,
     whole_downloads,
 )
 from tests.fixtures.s3 import upload_folder
@@ -359,13 +360,14 @@ def test_a_read_that_waited_for_the_download_to_begin_reads_from_the_download(
     asked, begun, finish, _ = _held_download(monkeypatch)
     import fastload.cache.shardlanding as shardlanding
 
-    waiting, read = threading.Event(), shardlanding.Landing.read
+    landings: list[shardlanding.Landing] = []
 
-    def read_and_tell(self, *args, **kw):  # the read reached the download's landing
-        waiting.set()
-        return read(self, *args, **kw)
+    class Seen(shardlanding.Landing):  # the download's landing, for the test to watch
+        def __init__(self, *args, **kw) -> None:
+            super().__init__(*args, **kw)
+            landings.append(self)
 
-    monkeypatch.setattr(shardlanding.Landing, "read", read_and_tell)
+    monkeypatch.setattr(shardlanding, "Landing", Seen)
     got: dict[str, bytes] = {}
     downloading = threading.Thread(target=lambda: got.update(first=ds.read_bytes(first)))
     reading = threading.Thread(target=lambda: got.update(second=ds.read_bytes(second)))
@@ -375,8 +377,9 @@ def test_a_read_that_waited_for_the_download_to_begin_reads_from_the_download(
         assert asked.wait(60)
         reading.start()  # finds the shard's gate taken: it waits for the download to begin
         begun.set()
-        assert waiting.wait(60)  # the read found the download begun and asks it for its bytes
-        assert "second" not in got  # nothing has landed: it waits, it does not go around
+        # the read finds the download begun and waits there for its bytes (none has landed)
+        wait_for(lambda: bool(landings) and landings[0].readers == 1, "the read to wait")
+        assert "second" not in got
         finish.set()
         reading.join(60)
         downloading.join(60)

@@ -19,6 +19,7 @@ from fastload.cache.shardfetch import Landing, download_ranges
 from fastload.cache.shardfiles import ShardFiles
 from fastload.io.streams import CHUNK_BYTES, range_chunks
 from fastload.io.versions import ObjectChangedError, version_of
+from tests.contracts.shard_cache import wait_for
 from tests.fixtures.s3 import upload_folder
 
 pytestmark = pytest.mark.timeout(120)
@@ -143,7 +144,7 @@ def test_a_landing_answers_a_range_once_its_bytes_landed_and_never_after_close(t
         spanning.join(60)
         assert out2["data"] is None
         waiting, out3 = _reader(landing, 4000, 200)
-        threading.Event().wait(0.1)  # (an ordering aid only)
+        wait_for(lambda: landing.readers == 1, "the read to wait for part 1")
         assert waiting.is_alive()  # part 1 on its way, 104 of its bytes not landed
         os.pwrite(fd, data[4096:4300], 4096)
         landing.landed(1, 4300)
@@ -155,6 +156,27 @@ def test_a_landing_answers_a_range_once_its_bytes_landed_and_never_after_close(t
         last.join(60)
         assert out4["data"] is None and landing.closed
         assert landing.read(100, 50) is None  # the file may be closed now: never read after
+    finally:
+        os.close(fd)
+
+
+def test_a_read_whose_bytes_landed_reads_them_though_the_download_closes_first(tmp_path):
+    """The download's last part lands and the download closes at once, before the waiting
+    read wakes: the read still gets its bytes, and close returns only after it left."""
+    data = os.urandom(5000)
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+    try:
+        landing = Landing(fd, len(data), part=4096, in_flight=2)
+        reads = [_reader(landing, 4000, 1000) for _ in range(3)]
+        wait_for(lambda: landing.readers == 3, "three reads to wait for their bytes")
+        os.pwrite(fd, data, 0)
+        landing.landed(0, 4096)
+        landing.landed(1, 5000)
+        landing.close()  # (the reads may not have run since they were woken)
+        assert landing.readers == 0
+        for thread, out in reads:
+            thread.join(60)
+            assert out["data"] == data[4000:5000]
     finally:
         os.close(fd)
 
@@ -175,7 +197,7 @@ def test_reads_during_a_download_from_s3_wait_for_their_bytes_and_get_them(
         downloading.start()
         readers = [_reader(landing, o, n) for o, n in ranges[:2]]
         assert landing.read(*ranges[2]) is None  # part 2 waits for a place among the two
-        threading.Event().wait(0.1)  # (an ordering aid only)
+        wait_for(lambda: landing.readers == 2, "two reads to wait for the store")
         assert all(t.is_alive() for t, _ in readers)  # waiting for the store, not given up
         fs.release()
         for thread, _ in readers:

@@ -11,7 +11,10 @@ may be seconds away: :meth:`Landing.read` answers None and the reader fetches it
 the origin (NOTE [reads around a download] in :mod:`fastload.data.shard_cache_use`). The first
 :data:`PARTS_IN_FLIGHT` parts count as requested from the start: they are, as the download
 begins. A :class:`Landing` is read only while it is open: its owner closes it before the
-file, so no read ever touches a descriptor closed or reused. :class:`Downloads` holds a
+file, and :meth:`Landing.close` waits for the reads inside it to leave, so no read ever touches
+a descriptor closed or reused; a read whose bytes landed before the download ended reads them
+even when the end reaches the lock first (else it would count neither early nor around, and
+read the whole file after). :class:`Downloads` holds a
 process's landings by shard for the store's readers (:mod:`.shardstore`).
 
 Example::
@@ -67,12 +70,19 @@ class Landing:
             start if k < in_flight else None for k, (start, _) in enumerate(self.parts)]
         self._cond = threading.Condition()
         self._open = True
+        self._readers = 0  # reads inside read(): close() waits for them to leave
 
     @property
     def closed(self) -> bool:
         """Whether the download is over (whole, failed or given up): read the file elsewhere."""
         with self._cond:
             return not self._open
+
+    @property
+    def readers(self) -> int:
+        """Reads inside :meth:`read` now (waiting for their bytes, or reading them)."""
+        with self._cond:
+            return self._readers
 
     def begin(self, k: int) -> None:
         """Part ``k``'s request is on its way: readers of its range wait for its bytes."""
@@ -88,10 +98,13 @@ class Landing:
             self._cond.notify_all()
 
     def close(self) -> None:
-        """The download is over: readers waiting give up, and none reads the file from now."""
+        """The download is over: a read waiting whose bytes have landed reads them, the others
+        give up, and none reads the file once this returns (it waits for the reads to leave)."""
         with self._cond:
             self._open = False
             self._cond.notify_all()
+            while self._readers:
+                self._cond.wait()
 
     def read(self, offset: int, length: int, timeout: float = READ_DEADLINE_S) -> bytes | None:
         """Bytes ``[offset, offset + length)`` once they have landed, waiting while every part
@@ -103,18 +116,24 @@ class Landing:
         first, last = offset // self.part, (end - 1) // self.part
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._open:
-                upto = self._upto[first:last + 1]
-                if any(u is None for u in upto):
-                    return None
-                if all(u >= min(end, self.parts[k][1])
-                       for k, u in enumerate(upto, start=first)):
-                    return os.pread(self.fd, length, offset)  # under the lock: not yet closed
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self._cond.wait(left)
-            return None
+            if not self._open:
+                return None  # the file may be closed already
+            self._readers += 1
+            try:
+                while True:
+                    upto = self._upto[first:last + 1]
+                    if any(u is None for u in upto):
+                        return None
+                    if all(u >= min(end, self.parts[k][1])
+                           for k, u in enumerate(upto, start=first)):
+                        return os.pread(self.fd, length, offset)  # close() waits for this
+                    left = deadline - time.monotonic()
+                    if not self._open or left <= 0:
+                        return None
+                    self._cond.wait(left)
+            finally:
+                self._readers -= 1
+                self._cond.notify_all()  # a close() waiting for the last read
 
 
 class Downloads:
