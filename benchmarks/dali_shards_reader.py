@@ -37,7 +37,8 @@ def epoch(ds: TarShards, reader: bool, args: argparse.Namespace) -> tuple[float,
     return time.perf_counter() - start, batches, loader.engine.reads
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> bool:
+    """Run the comparison; True when every round's batches were identical both ways."""
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=256)
@@ -45,7 +46,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--gpu", action="store_true", help="DALI on CUDA GPU 0 (mixed decode)")
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     src = make_jpeg_folder(ROOT / ".fastload-data" / f"pack-bench-{args.images}",
                            images=args.images, classes=10, size=(500, 375))
     with tempfile.TemporaryDirectory(prefix="fastload-dali-reader-") as work:
@@ -55,12 +56,16 @@ def main() -> None:
         print(f"{n} JPEGs (500x375) in {len(tars)} local shards, batch {args.batch_size}, "
               f"RandomResizedCrop {args.size} + flip, storage order, DALI on "
               f"{'GPU 0' if args.gpu else 'CPU'}")
+        identical = True
         for _ in range(args.repeats):
             fed_s, fed, _ = epoch(ds, False, args)
             read_s, read, how = epoch(ds, True, args)
+            same = same_batches(fed, read)
+            identical &= same
             print(f"  byte feed {n / fed_s:8.1f} img/s   {how}: {n / read_s:8.1f} img/s   "
-                  f"batches identical: {same_batches(fed, read)}")
+                  f"({fed_s / read_s:.2f}x)   batches identical: {same}")
+    return identical
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(0 if main() else 1)
