@@ -80,14 +80,20 @@ def gpu_wait(loader, step) -> str:
             f"waiting {s.wait_share:.0%} of the step, verdict: {s.verdict.value}")
 
 
-def main() -> int:
+def cannot_run() -> str | None:
+    """Why a DALI GPU check cannot run on this machine, or None."""
     if not torch.cuda.is_available():
-        print("check_dali: skipped (no CUDA GPU on this machine)")
-        return 0
+        return "no CUDA GPU on this machine"
     try:
         import nvidia.dali  # noqa: F401
     except ImportError as exc:
-        print(f"check_dali: skipped (nvidia-dali does not import: {exc}; pip install 'fastload[dali]')")
+        return f"nvidia-dali does not import: {exc}; pip install 'fastload[dali]'"
+    return None
+
+
+def main() -> int:
+    if why := cannot_run():
+        print(f"check_dali: skipped ({why})")
         return 0
     import fastload
     from fastload.testing.synthetic import make_jpeg_folder

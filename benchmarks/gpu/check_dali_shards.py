@@ -18,20 +18,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from check_dali import cannot_run  # noqa: E402  (benchmarks/gpu/, this script's folder)
 
 
 def main() -> int:
-    if not torch.cuda.is_available():
-        print("check_dali_shards: skipped (no CUDA GPU on this machine)")
-        return 0
-    try:
-        import nvidia.dali  # noqa: F401
-    except ImportError as exc:
-        print(f"check_dali_shards: skipped (nvidia-dali does not import: {exc}; "
-              "pip install 'fastload[dali]')")
+    if why := cannot_run():
+        print(f"check_dali_shards: skipped ({why})")
         return 0
     from dali_shards_reader import main as compare
 
