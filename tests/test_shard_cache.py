@@ -28,6 +28,7 @@ from tests.contracts.shard_cache import (
     wait_for,
     whole_downloads,
 )
+from tests.fixtures.cutting_proxy import CuttingProxy
 from tests.fixtures.s3 import upload_folder
 from tests.test_shards import write_shards
 
@@ -90,6 +91,21 @@ def test_a_cold_epoch_reads_each_shard_whole_once_and_equals_the_local_run(
     assert shard_gets(s3_server, remote) == [0] * len(remote)
     files = sorted(p.name for p in (tmp_path / "cache" / "shards").iterdir())
     assert sum(n.endswith(".data") for n in files) == len(remote)
+
+
+def test_a_cold_epoch_over_connections_that_break_midway_equals_the_local_run(
+        remote, s3_options, s3_server, local_shards, tmp_path):
+    """NOTE [a range that broke off]: three connections reset partway through a response (a
+    real TCP reset, by a proxy in front of moto) during a cold epoch: every shard still comes
+    down whole, and the epoch's batches are the local run's."""
+    with CuttingProxy(("127.0.0.1", s3_server.port)) as proxy:
+        ds = remote_ds(remote, {**s3_options, "endpoint_url": proxy.url},
+                       {"disk": str(tmp_path / "cache")})
+        proxy.cut(after=20_000, times=3)
+        cold = batches(ds, "threads")
+        assert proxy.cuts == 3
+    assert same(cold, batches(local_ds(local_shards), "threads"))
+    assert ds.shard_store.downloads == len(remote)
 
 
 @pytest.mark.parametrize("backend", ["torch", "dali"])

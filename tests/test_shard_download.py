@@ -15,11 +15,12 @@ import pytest
 import s3fs
 
 from fastload.cache.cachedir import CacheDir
-from fastload.cache.shardfetch import Landing, download_ranges
+from fastload.cache.shardfetch import RESUMES, Landing, download_ranges
 from fastload.cache.shardfiles import ShardFiles
-from fastload.io.streams import CHUNK_BYTES, range_chunks
+from fastload.io.streams import CHUNK_BYTES, StreamCutError, range_chunks
 from fastload.io.versions import ObjectChangedError, version_of
 from tests.contracts.shard_cache import wait_for
+from tests.fixtures.cutting_proxy import CuttingProxy
 from tests.fixtures.s3 import upload_folder
 
 pytestmark = pytest.mark.timeout(120)
@@ -228,3 +229,58 @@ def test_each_range_asks_s3_for_the_indexed_version(chain, remote, s3_options, s
             download_ranges(fs, path, SIZE, fd, part=PART, version=other)
     finally:
         os.close(fd)
+
+
+@pytest.fixture
+def proxy(s3_server):
+    with CuttingProxy(("127.0.0.1", s3_server.port)) as proxy:
+        yield proxy
+
+
+def _through(proxy, s3_options, remote: str, chain: str):
+    """The shard's filesystem and path, its connections through ``proxy``."""
+    proxied = {**s3_options, "endpoint_url": proxy.url}
+    url = remote if chain == "s3" else f"latency::{remote}"
+    options = {"s3": proxied, "latency": {"latency": 0}} if chain != "s3" else proxied
+    return fsspec.core.url_to_fs(url, **options)
+
+
+@pytest.mark.parametrize("chain", ["s3", "latency::s3"])
+def test_a_part_whose_connection_breaks_midway_is_asked_for_its_rest(
+        chain, proxy, remote, s3_options, s3_server, shard, tmp_path, caplog):
+    """NOTE [a range that broke off]: a connection reset 1 MB into a part's body (a real TCP
+    reset, by a proxy in front of moto): the download asks for the rest of that part only,
+    with the version, and the file is whole."""
+    fs, path = _through(proxy, s3_options, remote, chain)
+    version = version_of(s3fs.S3FileSystem(**s3_options).info(remote))
+    files, name, fd = new_target(tmp_path)
+    s3_server.reset_counts()
+    proxy.cut(after=1 << 20)
+    try:
+        requests = download_ranges(fs, path, SIZE, fd, part=PART, in_flight=1, version=version)
+    finally:
+        os.close(fd)
+    assert proxy.cuts == 1
+    assert (files.path / name).read_bytes() == shard[0]
+    ranges = s3_server.get_ranges(remote.removeprefix("s3://"))
+    assert requests == 4 == len(ranges)  # three parts, one of them asked twice
+    assert ranges[0] == f"bytes=0-{PART - 1}"
+    resumed = int(ranges[1].removeprefix("bytes=").split("-")[0])
+    assert 0 < resumed <= 1 << 20 and ranges[1] == f"bytes={resumed}-{PART - 1}"
+    assert "the connection broke off" in caplog.text and f"asking for bytes {resumed}-" in caplog.text
+
+
+def test_a_part_that_keeps_breaking_fails_the_download_naming_it(
+        proxy, remote, s3_options, shard, tmp_path):
+    fs, path = _through(proxy, s3_options, remote, "s3")
+    files, name, fd = new_target(tmp_path)
+    proxy.cut(after=100_000, times=RESUMES + 1)
+    try:
+        with pytest.raises(StreamCutError, match=rf"shard-000000\.tar: the connection broke off "
+                                                 rf".* {RESUMES + 1} times"):
+            download_ranges(fs, path, SIZE, fd, part=PART, in_flight=1)
+    finally:
+        os.close(fd)
+    assert proxy.cuts == RESUMES + 1
+    proxy.cut(after=0, times=0)
+    assert download(fs, path, SIZE, tmp_path / "again") == (shard[0], 3)

@@ -5,7 +5,9 @@ of them are requested at once. On an async filesystem (s3fs, HTTP, ``latency::``
 are coroutines on the filesystem's own event loop, each bounded by a deadline and written at
 its offset in pieces as they arrive (NOTE [streamed ranges]); on any other, threads, each
 part written whole. Transient failures are retried as every origin read is
-(:mod:`fastload.io.origin`); a part that comes back short raises, naming the shard. What has
+(:mod:`fastload.io.origin`), and a part whose stream broke off midway is asked for its rest
+(NOTE [a range that broke off] in :mod:`fastload.io.streams`); a part that comes back short
+raises, naming the shard. What has
 landed is told to a :class:`~fastload.cache.shardlanding.Landing` as it lands, for the
 readers of the file (NOTE [reads from a download in progress]).
 
@@ -33,11 +35,14 @@ from fsspec.exceptions import FSTimeoutError
 from fastload.cache.shardlanding import PART_BYTES, PARTS_IN_FLIGHT, Landing
 from fastload.io.fetch import is_async
 from fastload.io.origin import READ_DEADLINE_S, attempts_here, backoff, is_unavailable
-from fastload.io.streams import range_chunks
+from fastload.io.streams import StreamCutError, range_chunks
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PARTS_IN_FLIGHT", "PART_BYTES", "download_ranges"]
+__all__ = ["PARTS_IN_FLIGHT", "PART_BYTES", "RESUMES", "download_ranges"]
+
+RESUMES = 3
+"""Times a part whose stream broke off is asked for its rest before the download fails."""
 
 
 def _short(path: str, start: int, end: int, got: int) -> OSError:
@@ -103,8 +108,8 @@ async def _download_async(fs: Any, path: str, landing: Landing, in_flight: int,
             landing.begin(k)
             for attempt in range(1, attempts + 1):
                 try:
-                    got = await asyncio.wait_for(_write_part(fs, path, landing, k, version),
-                                                 deadline)
+                    got, requests = await asyncio.wait_for(
+                        _write_part(fs, path, landing, k, version), deadline)
                     break
                 except asyncio.TimeoutError as exc:
                     raise TimeoutError(
@@ -116,30 +121,41 @@ async def _download_async(fs: Any, path: str, landing: Landing, in_flight: int,
                     await asyncio.sleep(backoff(attempt))
         if got != end - start:
             raise _short(path, start, end, got)
+        return requests
 
     parts = landing.parts
     tasks = [asyncio.ensure_future(one(k, s, e)) for k, (s, e) in enumerate(parts)]
     try:
-        await asyncio.gather(*tasks)
+        return sum(await asyncio.gather(*tasks))
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return len(parts)
 
 
 async def _write_part(fs: Any, path: str, landing: Landing, k: int,
-                      version: str | None) -> int:
+                      version: str | None) -> tuple[int, int]:
     """Write part ``k`` of ``path`` at its offsets in the landing's file as it arrives (NOTE
-    [streamed ranges]), telling the landing; the bytes the store sent, up to one piece past
-    the part's end."""
+    [streamed ranges]), telling the landing, and ask for the rest of it where its stream
+    broke off (NOTE [a range that broke off]); the bytes the store sent, up to one piece past
+    the part's end, and the requests made."""
     start, end = landing.parts[k]
-    offset = start
-    async with contextlib.aclosing(range_chunks(fs, path, start, end, version)) as pieces:
-        async for piece in pieces:
-            os.pwrite(landing.fd, piece[: max(end - offset, 0)], offset)
-            offset += len(piece)
-            if offset > end:
-                break  # a store that sent more than asked: reported as a wrong length
-            landing.landed(k, offset)
-    return offset - start
+    offset, resumes = start, 0
+    while True:
+        try:
+            async with contextlib.aclosing(range_chunks(fs, path, offset, end, version)) as pieces:
+                async for piece in pieces:
+                    os.pwrite(landing.fd, piece[: max(end - offset, 0)], offset)
+                    offset += len(piece)
+                    if offset > end:
+                        break  # a store that sent more than asked: reported as a wrong length
+                    landing.landed(k, offset)
+            return offset - start, resumes + 1
+        except StreamCutError as exc:
+            if resumes == RESUMES:
+                raise StreamCutError(f"{exc}; it broke off {RESUMES + 1} times, the last "
+                                     "one given up: the store or the network is failing",
+                                     exc.received) from exc
+            resumes += 1
+            logger.info("%s; asking for bytes %d-%d again", exc, offset, end)
+            await asyncio.sleep(backoff(resumes))

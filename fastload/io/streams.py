@@ -18,6 +18,15 @@ coroutines with a leading underscore; fastload's ``latency::`` stand-in does, to
 latency and pass the stream of its target through). Any other async filesystem answers with
 its ``_cat_file``, one piece.
 
+NOTE [a range that broke off]
+A connection can break in the middle of a range's body (reset, closed, a read that timed
+out): botocore retries a request until its answer begins, not the reading of its body, and
+s3fs's own ``_cat_file`` retries the whole read, which streaming gives up. :func:`range_chunks`
+raises :class:`StreamCutError` there, after the pieces that did arrive (they are good: S3
+sends a range's bytes in order, and each request asks for the indexed version), and the
+shard download asks for the rest of the range again, :data:`~fastload.cache.shardfetch.RESUMES`
+times at most (:mod:`fastload.cache.shardfetch`), no byte twice.
+
 NOTE [the version asked with each range]
 The shard store asks the origin for a shard's version once, then downloads it in parts
 (:mod:`fastload.cache.shardfetch`): a shard rewritten at the origin between the two, or
@@ -35,17 +44,29 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import http.client
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
+from fastload.errors import StorageError
 from fastload.io.versions import ObjectChangedError, etag_in
 
-__all__ = ["CHUNK_BYTES", "range_chunks"]
+__all__ = ["CHUNK_BYTES", "StreamCutError", "range_chunks"]
 
 CHUNK_BYTES = 1 << 20
 """The most bytes one piece of a streamed range holds."""
+
+
+class StreamCutError(StorageError):
+    """A range's body broke off after ``received`` of its bytes arrived (NOTE [a range that
+    broke off]): those are good; ask for the rest."""
+
+    def __init__(self, message: str, received: int) -> None:
+        super().__init__(message)
+        self.received = received
 
 
 def range_chunks(fs: Any, path: str, start: int, end: int,
@@ -53,7 +74,9 @@ def range_chunks(fs: Any, path: str, start: int, end: int,
     """Bytes ``[start, end)`` of ``path`` on the async filesystem ``fs``, in pieces of at most
     :data:`CHUNK_BYTES` where it can stream them (NOTE [streamed ranges]), else in one. The
     pieces hold fewer bytes than asked when the object is shorter; errors are the backend's.
-    Close it (``contextlib.aclosing``) when leaving it early: that ends the response.
+    Close it (``contextlib.aclosing``) when leaving it early: that ends the response. On S3
+    a body whose connection breaks off raises :class:`StreamCutError` after the pieces that
+    came (NOTE [a range that broke off]).
 
     ``version`` (a :func:`~fastload.io.versions.version_of` string): on S3 the request asks
     for that version's ETag (``If-Match``) and an object rewritten since raises
@@ -89,12 +112,31 @@ async def _s3_chunks(fs: Any, path: str, start: int, end: int,
                 "(S3 answered a range request for its ETag with 412: rewritten at the "
                 "origin meanwhile)") from exc
         raise
-    body = response["Body"]
+    body, received = response["Body"], 0
     try:
-        while piece := await body.read(CHUNK_BYTES):
+        while True:
+            try:
+                piece = await body.read(CHUNK_BYTES)
+            except _broken_body() as exc:
+                raise StreamCutError(
+                    f"s3://{bucket}/{key}: the connection broke off {received} bytes into bytes "
+                    f"{start}-{end} ({type(exc).__name__}: {exc})", received) from exc
+            if not piece:
+                return
+            received += len(piece)
             yield piece
     finally:
         body.close()
+
+
+def _broken_body() -> tuple[type[BaseException], ...]:
+    """What reading a response's body raises when its connection breaks: aiohttp's payload
+    and connection errors, botocore's (a read timeout, a reset stream), the socket's."""
+    import aiohttp
+    import botocore.exceptions
+
+    return (aiohttp.ClientError, botocore.exceptions.HTTPClientError, ConnectionError,
+            asyncio.IncompleteReadError, http.client.IncompleteRead, asyncio.TimeoutError)
 
 
 def _precondition_failed(exc: OSError) -> bool:
