@@ -46,7 +46,14 @@ from fsspec.exceptions import FSTimeoutError
 
 from fastload.cache.shardlanding import PART_BYTES, PARTS_IN_FLIGHT, Landing
 from fastload.io.fetch import is_async
-from fastload.io.origin import READ_DEADLINE_S, attempts_here, backoff, is_unavailable
+from fastload.io.origin import (
+    READ_DEADLINE_S,
+    DeadlinePassed,
+    attempts_here,
+    backoff,
+    is_unavailable,
+    within,
+)
 from fastload.io.streams import StreamCutError, range_chunks
 
 logger = logging.getLogger(__name__)
@@ -182,13 +189,6 @@ async def _next_piece(pieces: AsyncIterator[bytes], stall: float, path: str, off
                       end: int) -> bytes | None:
     """The next piece of ``pieces`` (None at their end), waiting ``stall`` seconds at most."""
     try:
-        return await asyncio.wait_for(_piece(pieces), stall)
-    except asyncio.TimeoutError as exc:  # the wait's own: the store's are StreamCutError
+        return await within(anext(pieces, None), stall)
+    except DeadlinePassed as exc:
         raise _Stalled(f"bytes {offset}-{end} of {path}: no byte came for {stall:g} s", 0) from exc
-
-
-async def _piece(pieces: AsyncIterator[bytes]) -> bytes | None:
-    try:
-        return await anext(pieces, None)
-    except asyncio.TimeoutError as exc:  # a timeout of the client's own, not the stall's
-        raise StreamCutError(f"{exc!r} (the client's timeout)", 0) from exc

@@ -190,8 +190,8 @@ async def aread_whole(fs: Any, path: str, *, deadline: float | None = READ_DEADL
     end = time.monotonic() + deadline
     for attempt in range(1, attempts + 1):
         try:
-            return await _within(fs._cat_file(path, start=0), end - time.monotonic())
-        except _DeadlinePassed as exc:
+            return await within(fs._cat_file(path, start=0), end - time.monotonic())
+        except DeadlinePassed as exc:
             raise _deadline_error(deadline) from exc
         except Exception as exc:
             if attempt == attempts or not is_unavailable(exc):
@@ -202,12 +202,12 @@ async def aread_whole(fs: Any, path: str, *, deadline: float | None = READ_DEADL
     raise AssertionError("unreachable")  # the loop returns or raises
 
 
-class _DeadlinePassed(Exception):
-    """The read's own deadline passed (told apart from a client's timeout error, retried)."""
+class DeadlinePassed(Exception):
+    """:func:`within`'s time passed (told apart from a client's own timeout error)."""
 
 
-async def _within(coro: Any, seconds: float) -> Any:
-    """``await coro``, cancelled after ``seconds`` with _DeadlinePassed.
+async def within(coro: Any, seconds: float) -> Any:
+    """``await coro`` (any awaitable), cancelled after ``seconds`` with :class:`DeadlinePassed`.
 
     What ``asyncio.timeout`` does in Python 3.11 (3.10 has none), with no task per read:
     ``wait_for`` could not tell its timeout from the client's own TimeoutError.
@@ -232,7 +232,7 @@ async def _within(coro: Any, seconds: float) -> Any:
             raise  # cancelled from outside: so is this read
         if hasattr(task, "uncancel"):
             task.uncancel()  # this cancellation was ours, and it is over
-        raise _DeadlinePassed from None
+        raise DeadlinePassed from None
     finally:
         timer.cancel()
 
