@@ -5,8 +5,10 @@ handed to ``fastload.DataLoader`` (settings, batches equal to torch's, WebLoader
 from __future__ import annotations
 
 import importlib
+import io
 from pathlib import Path
 
+import fsspec
 import numpy as np
 import pytest
 import torch
@@ -77,6 +79,32 @@ def test_fastload_urls_in_webdataset_read_through_the_cache(
     assert samples(urls) == local
     assert s3_server.gets(f"{BUCKET}/train/") == {}  # served by the cache
     assert all(s3_server.count("HEAD", k) == 1 for k in keys)  # its version, checked once
+
+
+def test_large_shards_open_from_the_shard_stores_local_copy_not_memory(
+        s3_shards, local_shards, s3_server, s3_options, tmp_path):
+    """NOTE [large objects through fastload::]: shards of at least ``large_bytes`` (here
+    every one) are downloaded into the cache's shard store and opened from the local file,
+    not read whole into memory; a second pass reads the same copies, asking only versions."""
+    cache = tmp_path / "cache"
+    fastload.register_gopen(cache, {"s3": s3_options, "fastload": {"large_bytes": 1}})
+    urls = fastload.gopen_urls("fastload::" + s3_shards)
+    local = samples([str(p) for p in local_shards])
+    s3_server.reset_counts()
+    assert samples(urls) == local
+    keys = [f"{BUCKET}/train/{p.name}" for p in local_shards]
+    assert s3_server.gets(f"{BUCKET}/train/") == {k: 1 for k in keys}  # one range each
+    assert all(s3_server.get_ranges(k)[0].startswith("bytes=0-") for k in keys)
+    copies = sorted((cache / "shards").glob("*.data"))
+    assert sorted(p.read_bytes() for p in copies) == sorted(p.read_bytes() for p in local_shards)
+    with fsspec.open(urls[0], "rb", fastload={"cache": str(cache), "large_bytes": 1},
+                     s3=s3_options) as f:
+        assert isinstance(f, io.BufferedReader) and Path(f.name).parent == cache / "shards"
+        assert f.read() == local_shards[0].read_bytes()
+    s3_server.reset_counts()
+    assert samples(urls) == local
+    assert s3_server.gets(f"{BUCKET}/train/") == {}
+    assert all(s3_server.count("HEAD", k) == 1 for k in keys)
 
 
 def test_plain_storage_urls_read_through_the_cache_when_registered(

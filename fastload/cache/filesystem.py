@@ -17,6 +17,19 @@ goes to the origin. The protocol is read-only.
 
 Over a cache made with :meth:`~fastload.cache.tiered.TieredCache.deriving` (a transcoded
 tier, for instance) reads return the derived values (NOTE [derived entries]).
+
+NOTE [large objects through fastload::]
+``open`` used to read every object whole into memory through the cache (one GET, one entry),
+which is what an image wants and not what a shard does: webdataset opening
+``fastload::s3://bucket/train-000000.tar`` (:func:`fastload.register_gopen`) held each ~1 GB
+shard in memory, per worker, downloaded in one stream bounded by a 30 s deadline, and wrote
+it as one entry. An object of at least ``large_bytes`` (64 MiB by default; its size is in the
+version the open asks for anyway) is now downloaded into the cache's shard store, the way
+``TarShards`` reads shards (NOTE [the shard store] in :mod:`.shardstore`: concurrent range
+requests, each asking for that version, resumed where a connection broke or stalled, one
+download per node, validated, under the shard budget, shared through Redis), and opened from
+its local copy. Without a writable disk tier, or when another process holds the shard past
+the waits, the object is read whole as before.
 """
 
 from __future__ import annotations
@@ -31,11 +44,17 @@ from fsspec.implementations.chained import ChainedFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFile
 
-from fastload.cache.build import open_cache
+from fastload.cache.build import open_cache, open_shard_store
 from fastload.cache.config import DEFAULT_DIR
+from fastload.cache.shardsource import ShardBusyError, ShardRef
+from fastload.cache.shardstore import ShardStore
 from fastload.cache.tiered import TieredCache
 from fastload.errors import ConfigError
 from fastload.io.storage import target_filesystem
+from fastload.io.versions import version_size
+
+LARGE_BYTES = 64 << 20
+"""Objects at least this large open from a local copy (NOTE [large objects through fastload::])."""
 
 
 class FastloadCacheFileSystem(ChainedFileSystem):
@@ -47,6 +66,9 @@ class FastloadCacheFileSystem(ChainedFileSystem):
         fs: an already built target filesystem, instead of the two above.
         cache: a cache spec (see :func:`fastload.cache.open_cache`); default
             ``~/.cache/fastload``.
+        large_bytes: objects at least this large are opened from a local copy in the
+            cache's shard store, not read into memory (NOTE [large objects through
+            fastload::]); None: every object into memory.
 
     Attributes:
         versions: None (ask the origin at every read), or the versions of the target's
@@ -63,6 +85,7 @@ class FastloadCacheFileSystem(ChainedFileSystem):
         target_options: dict[str, Any] | None = None,
         fs: fsspec.AbstractFileSystem | None = None,
         cache: Any = DEFAULT_DIR,
+        large_bytes: int | None = LARGE_BYTES,
         **kwargs: Any,
     ) -> None:
         kwargs.pop("fo", None)  # the chained path; each call gets its path anyway
@@ -82,6 +105,9 @@ class FastloadCacheFileSystem(ChainedFileSystem):
             )
         self.versions: MutableMapping[str, str] | None = None
         self._local = type(self.fs) is LocalFileSystem and os.sep == "/"
+        self.large_bytes = None if isinstance(self.fs, LocalFileSystem) else large_bytes
+        self._shards: ShardStore | None = None
+        self._shards_opened = False
 
     @classmethod
     def over(
@@ -111,10 +137,7 @@ class FastloadCacheFileSystem(ChainedFileSystem):
         """The object's bytes through the cache; ``version`` (a listing's) spares the lookup."""
         target = self._target_path(path)
         if version is None and self.versions is not None:
-            version = self.versions.get(target)
-        if version is None and self.versions is not None:
-            # not listed (an explicit file list): ask once per process
-            version = self.versions[target] = self.cache.version(self.fs, target)
+            version = self._version(target)
         data = self.cache.read(self.fs, target, version)
         return data if not start and end is None else data[start:end]  # no copy for a whole read
 
@@ -127,13 +150,47 @@ class FastloadCacheFileSystem(ChainedFileSystem):
             versions = [v if v is not None else known.get(t) for v, t in zip(versions, targets)]
         return self.cache.read_many(self.fs, targets, versions)
 
-    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> MemoryFile:
+    def _version(self, target: str) -> str:
+        """The listed version of ``target``, else the origin's (asked once per process where
+        there is a listing to remember it in)."""
+        if self.versions is None:
+            return self.cache.version(self.fs, target)
+        version = self.versions.get(target)
+        if version is None:  # not listed (an explicit file list)
+            version = self.versions[target] = self.cache.version(self.fs, target)
+        return version
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
         if mode != "rb":
             raise ConfigError(
                 f"fastload:: is a read-only cache; open {path!r} with mode {mode!r} on the "
                 "storage itself, without the fastload:: prefix"
             )
-        return MemoryFile(fs=self, path=path, data=self.cat_file(path))
+        if self.large_bytes is None:
+            return MemoryFile(fs=self, path=path, data=self.cat_file(path))
+        target = self._target_path(path)
+        version = self._version(target)
+        size = version_size(version)
+        if size is not None and size >= self.large_bytes:
+            local = self._local_copy(target, version, size)
+            if local is not None:
+                return open(local, "rb")  # noqa: SIM115 - the caller closes it
+        return MemoryFile(fs=self, path=path, data=self.cat_file(path, version=version))
+
+    def _local_copy(self, target: str, version: str, size: int) -> str | None:
+        """The local copy of a large object in the shard store (NOTE [large objects through
+        fastload::]), downloaded first if needed; None without a store, or while another
+        process holds it past the waits."""
+        if not self._shards_opened:
+            self._shards, self._shards_opened = open_shard_store(self.cache), True
+        if self._shards is None:
+            return None
+        ref = ShardRef(url=self.fs.unstrip_protocol(target), path=target, version=version,
+                       size=size)
+        try:
+            return str(self._shards.local_path(self.fs, ref))
+        except ShardBusyError:
+            return None
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         return self.fs.info(self._target_path(path), **kwargs)
