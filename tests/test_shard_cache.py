@@ -356,6 +356,21 @@ def _held_download(monkeypatch, **landing_kw):
     return asked, begun, finish, started
 
 
+def _seen_landings(monkeypatch) -> list:
+    """The landings of the downloads from now on, in order, for the test to watch."""
+    import fastload.cache.shardlanding as shardlanding
+
+    landings: list[shardlanding.Landing] = []
+
+    class Seen(shardlanding.Landing):
+        def __init__(self, *args, **kw) -> None:
+            super().__init__(*args, **kw)
+            landings.append(self)
+
+    monkeypatch.setattr(shardlanding, "Landing", Seen)
+    return landings
+
+
 def test_a_read_that_waited_for_the_download_to_begin_reads_from_the_download(
         remote, s3_options, s3_server, tmp_path, monkeypatch):
     """NOTE [reads from a download in progress]: a read of a shard that another thread of the
@@ -374,16 +389,7 @@ def test_a_read_that_waited_for_the_download_to_begin_reads_from_the_download(
     origin = remote_ds(remote, s3_options, None)
     expected = {"first": origin.read_bytes(first), "second": origin.read_bytes(second)}
     asked, begun, finish, _ = _held_download(monkeypatch)
-    import fastload.cache.shardlanding as shardlanding
-
-    landings: list[shardlanding.Landing] = []
-
-    class Seen(shardlanding.Landing):  # the download's landing, for the test to watch
-        def __init__(self, *args, **kw) -> None:
-            super().__init__(*args, **kw)
-            landings.append(self)
-
-    monkeypatch.setattr(shardlanding, "Landing", Seen)
+    landings = _seen_landings(monkeypatch)
     got: dict[str, bytes] = {}
     downloading = threading.Thread(target=lambda: got.update(first=ds.read_bytes(first)))
     reading = threading.Thread(target=lambda: got.update(second=ds.read_bytes(second)))
@@ -438,6 +444,56 @@ def test_a_read_in_a_part_not_yet_requested_reads_around_the_download(
         downloading.join(60)
     assert got["first"] == remote_ds(remote, s3_options, None).read_bytes(first)
     assert ds.shard_store.downloads == 1
+
+
+def test_a_stream_reads_a_shard_as_its_download_lands_then_from_its_copy(
+        remote, s3_options, s3_server, local_shards, tmp_path, monkeypatch):
+    """NOTE [a shard read as a stream]: a stream opened while nothing has landed waits for the
+    download's bytes and reads them as they land (no request of its own); it seeks; once the
+    download is over, it reads the local copy. One download, one range request."""
+    import io
+
+    from fastload.cache.shardstream import ShardStream, open_stream
+    from fastload.data.shard_cache_use import shard_refs
+
+    ds = remote_ds(remote, s3_options, {"disk": str(tmp_path / "cache")})
+    versions = ds.index.versions
+    refs = shard_refs(ds.urls, ds.paths, versions, [int(v.split(":")[0]) for v in versions])
+    expected = sorted(local_shards.glob("*.tar"))[0].read_bytes()
+    store = ds.shard_store
+    asked, begun, finish, started = _held_download(monkeypatch)
+    landings = _seen_landings(monkeypatch)
+    s3_server.reset_counts()
+    got: dict[str, bytes] = {}
+    with open_stream(store, ds.fs, refs[0]) as f:
+        reading = threading.Thread(target=lambda: got.update(head=f.read(1000)))
+        try:
+            assert asked.wait(60)  # the stream's own thread began the download
+            begun.set()
+            assert started.wait(60)
+            reading.start()
+            wait_for(lambda: landings[0].readers == 1, "the read to wait for its bytes")
+            assert "head" not in got  # nothing landed: it waits for the download
+            finish.set()
+            reading.join(60)
+        finally:
+            begun.set()
+            finish.set()
+            if reading.ident:
+                reading.join(60)
+        assert got["head"] == expected[:1000] and (store.early, store.around) == (1, 0)
+        wait_for(lambda: store.downloads == 1, "the download to end")
+        assert f.read() == expected[1000:]  # from the local copy now
+        f.seek(100)
+        assert f.read(50) == expected[100:150]
+        assert f.seek(0, io.SEEK_END) == len(expected) and f.read() == b""
+    raw = ShardStream(store, ds.fs, refs[0])  # the shard whole: straight from the local copy
+    wait_for(lambda: raw.downloaded, "the stream's check of the copy")
+    buffer = bytearray(len(expected) + 10)
+    assert raw.readinto(buffer) == len(expected) and buffer[:len(expected)] == expected
+    assert raw.readinto(buffer) == 0
+    raw.close()
+    assert shard_gets(s3_server, remote[:1]) == [1] and store.downloads == 1
 
 
 def test_a_budget_below_the_shuffle_window_is_refused(remote, s3_options, tmp_path):

@@ -16,6 +16,7 @@ import webdataset as wds
 
 import fastload
 from fastload.errors import ConfigError
+from tests.contracts.shard_cache import wait_for
 from tests.fixtures.s3 import upload_folder
 
 pytestmark = pytest.mark.timeout(180)
@@ -81,11 +82,12 @@ def test_fastload_urls_in_webdataset_read_through_the_cache(
     assert all(s3_server.count("HEAD", k) == 1 for k in keys)  # its version, checked once
 
 
-def test_large_shards_open_from_the_shard_stores_local_copy_not_memory(
+def test_large_shards_are_read_as_streams_over_the_shard_store_not_memory(
         s3_shards, local_shards, s3_server, s3_options, tmp_path):
     """NOTE [large objects through fastload::]: shards of at least ``large_bytes`` (here
-    every one) are downloaded into the cache's shard store and opened from the local file,
-    not read whole into memory; a second pass reads the same copies, asking only versions."""
+    every one) are downloaded into the cache's shard store and read as streams over the
+    download and the local copy, not whole into memory; a second pass reads the same copies,
+    asking only versions."""
     cache = tmp_path / "cache"
     fastload.register_gopen(cache, {"s3": s3_options, "fastload": {"large_bytes": 1}})
     urls = fastload.gopen_urls("fastload::" + s3_shards)
@@ -95,11 +97,14 @@ def test_large_shards_open_from_the_shard_stores_local_copy_not_memory(
     keys = [f"{BUCKET}/train/{p.name}" for p in local_shards]
     assert s3_server.gets(f"{BUCKET}/train/") == {k: 1 for k in keys}  # one range each
     assert all(s3_server.get_ranges(k)[0].startswith("bytes=0-") for k in keys)
-    copies = sorted((cache / "shards").glob("*.data"))
-    assert sorted(p.read_bytes() for p in copies) == sorted(p.read_bytes() for p in local_shards)
+    def copies() -> list[Path]:  # each stream's download renames its file when whole
+        return sorted((cache / "shards").glob("*.data"))
+
+    wait_for(lambda: len(copies()) == len(local_shards), "the downloads to end")
+    assert sorted(p.read_bytes() for p in copies()) == sorted(p.read_bytes() for p in local_shards)
     with fsspec.open(urls[0], "rb", fastload={"cache": str(cache), "large_bytes": 1},
-                     s3=s3_options) as f:
-        assert isinstance(f, io.BufferedReader) and Path(f.name).parent == cache / "shards"
+                     s3=s3_options) as f:  # a stream over the shard store, not bytes in memory
+        assert isinstance(f, io.BufferedReader) and f.name == urls[0].removeprefix("fastload::")
         assert f.read() == local_shards[0].read_bytes()
     s3_server.reset_counts()
     assert samples(urls) == local

@@ -27,9 +27,10 @@ it as one entry. An object of at least ``large_bytes`` (64 MiB by default; its s
 version the open asks for anyway) is now downloaded into the cache's shard store, the way
 ``TarShards`` reads shards (NOTE [the shard store] in :mod:`.shardstore`: concurrent range
 requests, each asking for that version, resumed where a connection broke or stalled, one
-download per node, validated, under the shard budget, shared through Redis), and opened from
-its local copy. Without a writable disk tier, or when another process holds the shard past
-the waits, the object is read whole as before.
+download per node, validated, under the shard budget, shared through Redis), and read as a
+stream from its download as it lands, then from its local copy (NOTE [a shard read as a
+stream] in :mod:`.shardstream`). Without a writable disk tier the object is read whole as
+before.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ from fsspec.implementations.memory import MemoryFile
 
 from fastload.cache.build import open_cache, open_shard_store
 from fastload.cache.config import DEFAULT_DIR
-from fastload.cache.shardsource import ShardBusyError, ShardRef
+from fastload.cache.shardsource import ShardRef
 from fastload.cache.shardstore import ShardStore
+from fastload.cache.shardstream import open_stream
 from fastload.cache.tiered import TieredCache
 from fastload.errors import ConfigError
 from fastload.io.storage import target_filesystem
@@ -172,25 +174,13 @@ class FastloadCacheFileSystem(ChainedFileSystem):
         version = self._version(target)
         size = version_size(version)
         if size is not None and size >= self.large_bytes:
-            local = self._local_copy(target, version, size)
-            if local is not None:
-                return open(local, "rb")  # noqa: SIM115 - the caller closes it
+            if not self._shards_opened:
+                self._shards, self._shards_opened = open_shard_store(self.cache), True
+            if self._shards is not None:
+                ref = ShardRef(url=self.fs.unstrip_protocol(target), path=target,
+                               version=version, size=size)
+                return open_stream(self._shards, self.fs, ref)
         return MemoryFile(fs=self, path=path, data=self.cat_file(path, version=version))
-
-    def _local_copy(self, target: str, version: str, size: int) -> str | None:
-        """The local copy of a large object in the shard store (NOTE [large objects through
-        fastload::]), downloaded first if needed; None without a store, or while another
-        process holds it past the waits."""
-        if not self._shards_opened:
-            self._shards, self._shards_opened = open_shard_store(self.cache), True
-        if self._shards is None:
-            return None
-        ref = ShardRef(url=self.fs.unstrip_protocol(target), path=target, version=version,
-                       size=size)
-        try:
-            return str(self._shards.local_path(self.fs, ref))
-        except ShardBusyError:
-            return None
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         return self.fs.info(self._target_path(path), **kwargs)

@@ -28,7 +28,6 @@ Example::
 from __future__ import annotations
 
 import bisect
-import io
 import logging
 import threading
 from collections import OrderedDict
@@ -36,6 +35,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastload.errors import MissingDependencyError
+from fastload.io.positioned import PositionedFile
 
 logger = logging.getLogger(__name__)
 
@@ -88,51 +88,32 @@ def read_metadata(footer: bytes) -> Any:
     return pyarrow_parquet().read_metadata(pa.BufferReader(footer))
 
 
-class RangeFile(io.RawIOBase):
+class RangeFile(PositionedFile):
     """A read-only file of ``size`` bytes whose reads come from ``ranges`` ({start: bytes});
     a read outside them calls ``fallback(offset, length)`` (NOTE [one range per row group])."""
 
     def __init__(self, size: int, ranges: Mapping[int, bytes],
                  fallback: Callable[[int, int], bytes]) -> None:
-        super().__init__()
-        self._size = size
+        super().__init__(size)
         self._starts = sorted(ranges)
         self._ranges = dict(ranges)
         self._fallback = fallback
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def size(self) -> int:
-        return self._size
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = base + offset
-        return self._pos
 
     def readinto(self, buffer: Any) -> int:
-        want = min(len(buffer), max(0, self._size - self._pos))
-        k = bisect.bisect_right(self._starts, self._pos) - 1
+        want = min(len(buffer), max(0, self.size() - self.pos))
+        k = bisect.bisect_right(self._starts, self.pos) - 1
         data: bytes | None = None
         if k >= 0:
             start = self._starts[k]
             chunk = self._ranges[start]
-            if self._pos + want <= start + len(chunk):
-                data = chunk[self._pos - start: self._pos - start + want]
+            if self.pos + want <= start + len(chunk):
+                data = chunk[self.pos - start: self.pos - start + want]
         if data is None:
             logger.debug("Parquet read of %d bytes at %d outside the indexed ranges", want,
-                         self._pos)
-            data = self._fallback(self._pos, want)
+                         self.pos)
+            data = self._fallback(self.pos, want)
         buffer[: len(data)] = data
-        self._pos += len(data)
+        self.pos += len(data)
         return len(data)
 
 
