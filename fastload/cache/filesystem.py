@@ -35,6 +35,7 @@ before.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
@@ -108,8 +109,6 @@ class FastloadCacheFileSystem(ChainedFileSystem):
         self.versions: MutableMapping[str, str] | None = None
         self._local = type(self.fs) is LocalFileSystem and os.sep == "/"
         self.large_bytes = None if isinstance(self.fs, LocalFileSystem) else large_bytes
-        self._shards: ShardStore | None = None
-        self._shards_opened = False
 
     @classmethod
     def over(
@@ -152,6 +151,11 @@ class FastloadCacheFileSystem(ChainedFileSystem):
             versions = [v if v is not None else known.get(t) for v, t in zip(versions, targets)]
         return self.cache.read_many(self.fs, targets, versions)
 
+    @functools.cached_property
+    def _shards(self) -> ShardStore | None:
+        """The cache's shard store, opened at the first large open (None: no writable disk)."""
+        return open_shard_store(self.cache)
+
     def _version(self, target: str) -> str:
         """The listed version of ``target``, else the origin's (asked once per process where
         there is a listing to remember it in)."""
@@ -174,8 +178,6 @@ class FastloadCacheFileSystem(ChainedFileSystem):
         version = self._version(target)
         size = version_size(version)
         if size is not None and size >= self.large_bytes:
-            if not self._shards_opened:
-                self._shards, self._shards_opened = open_shard_store(self.cache), True
             if self._shards is not None:
                 ref = ShardRef(url=self.fs.unstrip_protocol(target), path=target,
                                version=version, size=size)

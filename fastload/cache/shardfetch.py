@@ -4,12 +4,12 @@ A shard of ``size`` bytes is cut into parts of :data:`PART_BYTES`; :data:`PARTS_
 of them are requested at once. On an async filesystem (s3fs, HTTP, ``latency::``) the parts
 are coroutines on the filesystem's own event loop, each written at its offset in pieces as
 they arrive (NOTE [streamed ranges]) and bounded by a wait for its next bytes (NOTE [a stall,
-not a slow part]); on any other, threads, each part written whole. Transient failures are retried as every origin read is
-(:mod:`fastload.io.origin`), and a part whose stream broke off midway is asked for its rest
-(NOTE [a range that broke off] in :mod:`fastload.io.streams`); a part that comes back short
-raises, naming the shard. What has
-landed is told to a :class:`~fastload.cache.shardlanding.Landing` as it lands, for the
-readers of the file (NOTE [reads from a download in progress]).
+not a slow part]); on any other, threads, each part written whole. Transient failures are
+retried as every origin read is (:mod:`fastload.io.origin`), and a part whose stream broke
+off midway is asked for its rest (NOTE [a range that broke off] in :mod:`fastload.io.streams`);
+a part that comes back short raises, naming the shard. What has landed is told to a
+:class:`~fastload.cache.shardlanding.Landing` as it lands, for the readers of the file (NOTE
+[reads from a download in progress]).
 
 NOTE [a stall, not a slow part]
 A part used to have a deadline of its own (30 s, retries included). On a slow or shared link
@@ -174,8 +174,7 @@ async def _write_part(fs: Any, path: str, landing: Landing, k: int, version: str
                     raise TimeoutError(f"{exc}, {RESUMES + 1} times: the store is down or "
                                        "stalled") from exc
                 raise StreamCutError(f"{exc}; it broke off {RESUMES + 1} times, the last "
-                                     "one given up: the store or the network is failing",
-                                     exc.received) from exc
+                                     "one given up: the store or the network is failing") from exc
             resumes += 1
             logger.info("%s; asking for bytes %d-%d again", exc, offset, end)
             await asyncio.sleep(backoff(resumes))
@@ -191,4 +190,4 @@ async def _next_piece(pieces: AsyncIterator[bytes], stall: float, path: str, off
     try:
         return await within(anext(pieces, None), stall)
     except DeadlinePassed as exc:
-        raise _Stalled(f"bytes {offset}-{end} of {path}: no byte came for {stall:g} s", 0) from exc
+        raise _Stalled(f"bytes {offset}-{end} of {path}: no byte came for {stall:g} s") from exc

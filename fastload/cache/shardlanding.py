@@ -133,7 +133,8 @@ class Landing:
                     self._cond.wait(left)
             finally:
                 self._readers -= 1
-                self._cond.notify_all()  # a close() waiting for the last read
+                if not self._open:
+                    self._cond.notify_all()  # a close() waiting for the last read
 
 
 class Downloads:
@@ -172,7 +173,8 @@ class Downloads:
     def read(self, digest: str, url: str, offset: int, length: int) -> bytes | None:
         """Bytes ``[offset, offset + length)`` of the shard from its download in progress, once
         they landed; None when there is none (or it ended meanwhile: read the file). Raises
-        :class:`ShardFillingError` when their part has not been requested yet."""
+        :class:`ShardFillingError` when their part has not been requested yet (or they did
+        not land within :meth:`Landing.read`'s wait)."""
         with self._mutex:
             landing = self._landings.get(digest)
         if landing is None:
@@ -186,4 +188,5 @@ class Downloads:
                 return None
             self.around += 1
         raise ShardFillingError(f"{url} is being downloaded by this process; bytes {offset}-"
-                                f"{offset + length} are not requested yet")
+                                f"{offset + length} are not requested yet, or did not land "
+                                "within the wait")

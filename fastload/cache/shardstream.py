@@ -7,9 +7,9 @@ stream starts the download in a thread of its own (:meth:`ShardStore.ensure`) an
 through :meth:`ShardStore.read`, which answers from the download's landing as the bytes land
 (NOTE [reads from a download in progress] in :mod:`.shardlanding`), so reading overlaps the
 download; once the download is over (or the shard was already whole) it reads the local copy
-straight into the reader's buffer (``os.preadv``: no ``bytes`` made per read, one copy). A sequential reader never meets a part
-not requested yet (every part before its position has landed, so the download has moved on
-past it); should one come, or another process hold the shard past the waits, those bytes are
+straight into the reader's buffer (``os.preadv``: no ``bytes`` made per read, one copy). A
+sequential reader never meets a part not requested yet (every part before its position has
+landed, so the download has moved on past it); should one come, or another process hold the shard past the waits, those bytes are
 read from the origin by range. A stream closed after reading to (within a buffer of) the end
 waits for its download to finish, which by then is the file's record and rename: a process
 that exits right after would kill the download's daemon thread and leave the shard out of
@@ -73,7 +73,7 @@ class ShardStream(PositionedFile):
             logger.info("downloading %s for a stream failed (%s)", self._ref.url, exc)
 
     def readinto(self, buffer: Any) -> int:
-        length = min(len(buffer), self._ref.size - self.pos)
+        length = min(len(buffer), self.size() - self.pos)
         if length <= 0:
             return 0
         if self._fd is None and self.downloaded:
@@ -91,7 +91,7 @@ class ShardStream(PositionedFile):
     def close(self) -> None:
         if self.closed:
             return
-        if self._ref.size - self._furthest <= BUFFER_BYTES:
+        if self.size() - self._furthest <= BUFFER_BYTES:
             self._download.join()  # read to the end: what is left is the file's rename
         if self._fd is not None:
             os.close(self._fd)

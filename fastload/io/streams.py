@@ -61,12 +61,8 @@ CHUNK_BYTES = 1 << 20
 
 
 class StreamCutError(StorageError):
-    """A range's body broke off after ``received`` of its bytes arrived (NOTE [a range that
-    broke off]): those are good; ask for the rest."""
-
-    def __init__(self, message: str, received: int) -> None:
-        super().__init__(message)
-        self.received = received
+    """A range's body broke off after some of its bytes arrived (NOTE [a range that broke
+    off]): those are good; ask for the rest."""
 
 
 def range_chunks(fs: Any, path: str, start: int, end: int,
@@ -120,7 +116,7 @@ async def _s3_chunks(fs: Any, path: str, start: int, end: int,
             except _broken_body() as exc:
                 raise StreamCutError(
                     f"s3://{bucket}/{key}: the connection broke off {received} bytes into bytes "
-                    f"{start}-{end} ({type(exc).__name__}: {exc})", received) from exc
+                    f"{start}-{end} ({type(exc).__name__}: {exc})") from exc
             if not piece:
                 return
             received += len(piece)
